@@ -1,0 +1,84 @@
+"""The `beamc` command line. Each subcommand is a few lines that call into the package; user errors
+(`BeamcError`) print one line and exit 2, never a traceback."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from beamc.errors import BeamcError
+
+
+def _cmd_compile(args: argparse.Namespace) -> None:
+    from beamc.report import compile_command
+
+    compile_command(args)
+
+
+def _cmd_import_hf(args: argparse.Namespace) -> None:
+    from beamc.spec.hf import import_hf
+
+    import_hf(args.config, args.output, name=args.name)
+
+
+def _cmd_init_weights(args: argparse.Namespace) -> None:
+    from beamc.checkpoint.init import init_weights
+
+    init_weights(args.spec, args.output, seed=args.seed, experts=args.experts, force=args.force)
+
+
+def _cmd_logits(args: argparse.Namespace) -> None:
+    from beamc.logits import logits_command
+
+    logits_command(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="beamc", description="Compiler for Beam-1.0-501B-A23B")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="parse, validate, lower and verify a spec; print the model summary")
+    c.add_argument("spec")
+    c.add_argument("--tp", type=int, default=1, help="tensor-parallel size (show one rank's share)")
+    c.add_argument("--rank", type=int, default=0)
+    c.add_argument("--dump-ir", metavar="DIR", help="write the lowered graphs (text and DOT) to DIR")
+    c.set_defaults(fn=_cmd_compile)
+
+    h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")
+    h.add_argument("config")
+    h.add_argument("-o", "--output", help="YAML path (default: stdout)")
+    h.add_argument("--name", help="model name for the spec (default: from the config's directory)")
+    h.set_defaults(fn=_cmd_import_hf)
+
+    w = sub.add_parser("init-weights", help="write a random checkpoint in HF layout")
+    w.add_argument("spec")
+    w.add_argument("-o", "--output", required=True)
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--experts", choices=["nvfp4", "bf16"], default=None,
+                   help="expert storage (default: the spec's dtypes.experts)")
+    w.add_argument("--force", action="store_true", help="write even a checkpoint larger than 64 GiB")
+    w.set_defaults(fn=_cmd_init_weights)
+
+    lg = sub.add_parser("logits", help="run a ragged prefill (+ decode steps) through the interpreter")
+    lg.add_argument("spec")
+    lg.add_argument("--checkpoint", required=True)
+    lg.add_argument("--input", required=True, help='JSON: {"sequences": [[ids...], ...], "decode_steps": 0}')
+    lg.add_argument("-o", "--output", required=True)
+    lg.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    lg.add_argument("--tp", type=int, default=1)
+    lg.add_argument("--device", default="cpu")
+    lg.set_defaults(fn=_cmd_logits)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except BeamcError as e:
+        print(f"beamc: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
