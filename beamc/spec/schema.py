@@ -7,7 +7,7 @@ that one message names the key path at fault.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
@@ -18,6 +18,15 @@ FloatDtype = Literal["bfloat16", "float16", "float32"]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, v, info):
+        # YAML reads yes/no/true/false as booleans, and pydantic would quietly accept them as 1/0 in number fields.
+        ann = cls.model_fields[info.field_name].annotation
+        if isinstance(v, bool) and {int, float} & set(get_args(ann) or (ann,)):
+            raise ValueError(f"expected a number, got {str(v).lower()}")
+        return v
 
 
 class LayerPattern(_Strict):
@@ -159,7 +168,7 @@ class ModelSpec(_Strict):
     hidden_size: PositiveInt = 5120
     num_layers: PositiveInt = 52
     max_position_embeddings: PositiveInt = 8192
-    initializer_range: float = 0.02
+    initializer_range: float = Field(0.02, gt=0)
     layers: LayerPattern = LayerPattern(full_every=6)
     attention: AttentionSpec = AttentionSpec()
     norm: NormSpec = NormSpec()
@@ -179,6 +188,8 @@ class ModelSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
         a, moe, L = self.attention, self.mlp.moe, self.num_layers
+        _require(not a.bias, "attention.bias",
+                 "Beam's q/k/v/o projections have no bias and beamc has no bias tensors; set it to false")
         _require(a.num_heads % a.num_kv_heads == 0, "attention.num_heads",
                  f"num_heads ({a.num_heads}) must be a multiple of num_kv_heads ({a.num_kv_heads})")
         _require(a.sliding.rope.rotary_dim <= a.head_dim and a.sliding.rope.rotary_dim % 2 == 0,
@@ -196,6 +207,10 @@ class ModelSpec(_Strict):
         _require(moe.top_k <= moe.topk_group * per_group, "mlp.moe.top_k",
                  f"top_k ({moe.top_k}) exceeds the experts in the chosen groups "
                  f"(topk_group {moe.topk_group} x {per_group} experts per group)")
+        for sub in ("attn_n", "mlp_n"):  # n is >= 1 at every layer iff it is at layer 0: sqrt((n-1)/n) needs it
+            idx = getattr(self.residual, sub)
+            _require(idx.scale + idx.extra >= 1, f"residual.{sub}.extra",
+                     f"n = scale * (layer + 1) + extra must be >= 1; at layer 0 it is {idx.scale + idx.extra}")
         if self.dtypes.experts == "nvfp4":
             g = self.nvfp4.group_size
             _require(self.hidden_size % g == 0 and moe.d_ff % g == 0, "mlp.moe.d_ff",

@@ -1,0 +1,181 @@
+"""Lowering: spec -> one step's graph (prefill or decode) for one tensor-parallel rank.
+
+The graph is transformers' Beam forward written as IR ops, one op per torch expression that rounds, so that the
+interpreter reproduces the reference bit for bit where the op order matches. A step processes T tokens, each with
+its own position and sequence slot: prefill is ragged (several sequences, each from its own start position),
+decode is one token per sequence. Rank graphs carry their collectives as ops: an all-reduce after o_proj and after
+the MLP/MoE, an all-gather of the vocab-parallel logits.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, layer_prefix, rank_dims, shard_range
+from beamc.errors import BeamcError
+from beamc.ir.graph import Graph, Value
+from beamc.spec.schema import ModelSpec
+
+ACT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    phase: Literal["prefill", "decode"] = "prefill"
+    tp: int = 1
+    rank: int = 0
+    dtype: Literal["bf16", "f32"] | None = None  # None: the spec's dtypes; "f32": every float in fp32 (logic checks)
+    logits: Literal["all", "last"] = "all"  # "last": only the rows named by the `logit_rows` input
+
+
+class _Lowerer:
+    def __init__(self, spec: ModelSpec, opt: LowerOptions):
+        if spec.logits.tie_word_embeddings and opt.tp > 1:
+            raise BeamcError("logits.tie_word_embeddings", "tied embeddings with --tp > 1 are not supported",
+                             "use untied embeddings (Beam's are untied) or --tp 1")
+        self.spec, self.opt = spec, opt
+        self.dims = rank_dims(spec, opt.tp, opt.rank)
+        self.f32 = opt.dtype == "f32"
+        self.act = "f32" if self.f32 else ACT[spec.dtypes.activations]
+        self.T = "T" if opt.phase == "prefill" else "B"
+        self.g = Graph(f"{spec.name}.{opt.phase}.tp{opt.tp}.r{opt.rank}",
+                       {"spec": spec.name, "phase": opt.phase, "tp": opt.tp, "rank": opt.rank, "dtype": self.act,
+                        "logits": opt.logits})
+        self.infos = {t.name: t for t in file_tensors_no_experts(spec)}
+        self._params: dict[str, Value] = {}
+
+    # ---- params: per-rank shapes from the layout's shard rules ----
+    def W(self, name: str, info: TensorInfo | None = None) -> Value:
+        if name in self._params:
+            return self._params[name]
+        info = info or self.infos[name]
+        shape = list(info.shape)
+        r = shard_range(self.spec, info, self.opt.tp, self.opt.rank)
+        if r is not None:
+            d, lo, hi = r
+            shape[d] = hi - lo
+        storage = info.dtype
+        dtype = "f32" if (self.f32 or storage == "float32") else (ACT.get(storage) or self.act)
+        v = self.g.param(name, tuple(shape), dtype, storage=storage, group=info.group)
+        self._params[name] = v
+        return v
+
+    # ---- the model ----
+    def lower(self) -> Graph:
+        g, s = self.g, self.spec
+        T = self.T
+        ids = g.input("input_ids", (T,), "i64")
+        self.pos = g.input("positions", (T,), "i64")
+        self.slot = g.input("slots", (T,), "i64")
+        h = g.add("embed", ids, self.W("model.embed_tokens.weight"), name="embed")
+        for L in range(s.num_layers):
+            g.current_layer = L
+            h = self.layer(L, h)
+        g.current_layer = None
+        h = self.norm(h, "model.norm.weight", "final_norm")
+        if self.opt.logits == "last":
+            rows = g.input("logit_rows", ("R",), "i64")
+            h = g.add("gather_rows", h, rows)
+        head = "model.embed_tokens.weight" if s.logits.tie_word_embeddings else "lm_head.weight"
+        logits = g.add("linear", h, self.W(head), name="lm_head")
+        if self.opt.tp > 1:
+            logits = g.add("all_gather", logits, dim=-1, tp=self.opt.tp, name="lm_head.gather")
+        if s.logits.softcap is not None:
+            logits = g.add("softcap", logits, cap=float(s.logits.softcap), name="softcap")
+        else:
+            logits = g.add("cast", logits, dtype="f32")
+        g.outputs["logits"] = logits
+        return g
+
+    def norm(self, x: Value, weight: str, name: str) -> Value:
+        return self.g.add("rmsnorm", x, self.W(weight), eps=self.spec.norm.eps, name=name)
+
+    def residual(self, sub: Value, res: Value, n: int, name: str) -> Value:
+        # transformers: sub * (1/sqrt(n)) + res * sqrt((n-1)/n); each product rounds, then the add rounds
+        a = self.g.add("scale", sub, s=1.0 / math.sqrt(n), name=f"{name}.scale_sub")
+        b = self.g.add("scale", res, s=math.sqrt((n - 1) / n), name=f"{name}.scale_res")
+        return self.g.add("add", a, b, name=f"{name}.add")
+
+    def reduce(self, x: Value, name: str) -> Value:
+        return self.g.add("all_reduce", x, name=name) if self.opt.tp > 1 else x
+
+    def layer(self, L: int, h: Value) -> Value:
+        p, s = layer_prefix(L), self.spec
+        x = self.norm(h, f"{p}.input_layernorm.weight", f"L{L}.input_norm")
+        a = self.attention(L, x)
+        a = self.norm(a, f"{p}.post_attention_layernorm.weight", f"L{L}.post_attn_norm")
+        h = self.residual(a, h, s.residual_n(L, "attn"), f"L{L}.attn_residual")
+        x = self.norm(h, f"{p}.pre_feedforward_layernorm.weight", f"L{L}.pre_ffn_norm")
+        m = self.dense_mlp(L, x) if s.mlp_types[L] == "dense" else self.moe(L, x)
+        m = self.norm(m, f"{p}.post_feedforward_layernorm.weight", f"L{L}.post_ffn_norm")
+        return self.residual(m, h, s.residual_n(L, "mlp"), f"L{L}.mlp_residual")
+
+    def attention(self, L: int, x: Value) -> Value:
+        g, s, d, T = self.g, self.spec, self.dims, self.T
+        a = s.attention
+        hd, p = a.head_dim, f"{layer_prefix(L)}.self_attn"
+        sliding = s.attention_types[L] == "sliding_attention"
+        q = g.add("linear", x, self.W(f"{p}.q_proj.weight"), name=f"L{L}.q_proj")
+        k = g.add("linear", x, self.W(f"{p}.k_proj.weight"), name=f"L{L}.k_proj")
+        v = g.add("linear", x, self.W(f"{p}.v_proj.weight"), name=f"L{L}.v_proj")
+        gate = g.add("linear", x, self.W(f"{p}.gate_proj.weight"), name=f"L{L}.gate_proj")
+        q = g.add("reshape", q, shape=(T, d.heads, hd))
+        k = g.add("reshape", k, shape=(T, d.kv_heads, hd))
+        v = g.add("reshape", v, shape=(T, d.kv_heads, hd))
+        q = g.add("rmsnorm", q, self.W(f"{p}.q_norm.weight"), eps=a.qk_norm.eps, name=f"L{L}.q_norm")
+        k = g.add("rmsnorm", k, self.W(f"{p}.k_norm.weight"), eps=a.qk_norm.eps, name=f"L{L}.k_norm")
+        if sliding:
+            theta = a.sliding.rope.theta
+            q = g.add("rope", q, self.pos, theta=theta, name=f"L{L}.q_rope")
+            k = g.add("rope", k, self.pos, theta=theta, name=f"L{L}.k_rope")
+        elif a.full.q_scale is not None:
+            qs = a.full.q_scale
+            q = g.add("q_scale", q, self.pos, length=qs.length, offset=qs.offset, exponent=qs.exponent,
+                      name=f"L{L}.q_ssmax")
+        kv_dtype = "f32" if self.f32 else ("f8e4m3" if s.dtypes.kv_cache == "fp8" else self.act)
+        cap = "Cs" if sliding else "Cf"
+        kc = g.state(f"kv.{L}.k", ("S", cap, d.kv_heads, hd), kv_dtype)
+        vc = g.state(f"kv.{L}.v", ("S", cap, d.kv_heads, hd), kv_dtype)
+        kc, vc = g.add("kv_write", kc, vc, k, v, self.slot, self.pos, name=f"L{L}.kv_write")
+        g.state_out[f"kv.{L}.k"], g.state_out[f"kv.{L}.v"] = kc, vc
+        o = g.add("attention", q, kc, vc, self.slot, self.pos, window=a.sliding.window if sliding else None,
+                  scale=hd ** -0.5, name=f"L{L}.attn")
+        # output gate: sigmoid(gate_proj(x) + gate_bias[head]) * o, each step rounding as transformers does
+        gate = g.add("reshape", gate, shape=(T, d.heads, hd))
+        bias = g.add("reshape", self.W(f"{p}.gate_bias"), shape=(d.heads, 1))
+        gate = g.add("add", gate, bias, name=f"L{L}.gate_bias")
+        gate = g.add("sigmoid", gate, name=f"L{L}.gate_sigmoid")
+        o = g.add("mul", o, gate, name=f"L{L}.gate_mul")
+        o = g.add("reshape", o, shape=(T, d.heads * hd))
+        o = g.add("linear", o, self.W(f"{p}.o_proj.weight"), name=f"L{L}.o_proj")
+        return self.reduce(o, f"L{L}.attn_allreduce")
+
+    def dense_mlp(self, L: int, x: Value) -> Value:
+        g, p = self.g, f"{layer_prefix(L)}.mlp"
+        gate = g.add("linear", x, self.W(f"{p}.gate_proj.weight"), name=f"L{L}.mlp_gate")
+        up = g.add("linear", x, self.W(f"{p}.up_proj.weight"), name=f"L{L}.mlp_up")
+        act = g.add("swiglu", gate, up, name=f"L{L}.mlp_act")
+        out = g.add("linear", act, self.W(f"{p}.down_proj.weight"), name=f"L{L}.mlp_down")
+        return self.reduce(out, f"L{L}.mlp_allreduce")
+
+    def moe(self, L: int, x: Value) -> Value:
+        g, m, p = self.g, self.spec.mlp.moe, f"{layer_prefix(L)}.mlp"
+        logits = g.add("linear_f32", x, self.W(f"{p}.gate.weight"), name=f"L{L}.router")
+        w, idx = g.add("moe_select", logits, self.W(f"{p}.gate.e_score_correction_bias"), n_group=m.n_group,
+                       topk_group=m.topk_group, top_k=m.top_k, renormalize=m.renormalize, eps=m.renorm_eps,
+                       name=f"L{L}.select")
+        gu, down = (self.W(t.name, t) for t in expert_graph_params(self.spec, L))
+        y = g.add("moe_experts", x, idx, gu, down, name=f"L{L}.experts")
+        out = g.add("moe_combine", y, w, idx, name=f"L{L}.combine")
+        out = g.add("scale", out, s=float(m.routed_scaling), name=f"L{L}.routed_scale")
+        return self.reduce(out, f"L{L}.moe_allreduce")
+
+
+def file_tensors_no_experts(spec: ModelSpec) -> list[TensorInfo]:
+    return [t for t in file_tensors(spec) if ".mlp.experts." not in t.name]
+
+
+def lower(spec: ModelSpec, opt: LowerOptions = LowerOptions()) -> Graph:
+    """The step graph of `opt.phase` for rank `opt.rank` of `opt.tp`."""
+    return _Lowerer(spec, opt).lower()

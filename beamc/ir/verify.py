@@ -1,0 +1,58 @@
+"""The verifier: a graph is well formed when every op is registered, every input is defined before use, every
+node's declared output types equal its op's type rule, names are unique, outputs exist, and a state written in
+place is read by nothing else (so in-place execution equals the functional meaning)."""
+from __future__ import annotations
+
+from beamc.ir.graph import Graph
+from beamc.ir.ops import OPS, TypeError_
+
+
+class VerifyError(Exception):
+    pass
+
+
+def verify(g: Graph) -> None:
+    errors: list[str] = []
+    defined: set[int] = set()
+    names: set[str] = set()
+    for i, n in enumerate(g.nodes):
+        where = f"{g.name}: node {i} ({n.op}{'' if n.layer is None else f', layer {n.layer}'})"
+        if n.op not in OPS:
+            errors.append(f"{where}: unknown op")
+            continue
+        for v in n.inputs:
+            if id(v) not in defined:
+                errors.append(f"{where}: input {v!r} is not defined before use")
+        if n.op not in ("input", "param", "state"):
+            try:
+                types = OPS[n.op].infer(n.inputs, n.attrs)
+            except (TypeError_, KeyError, IndexError) as e:
+                errors.append(f"{where}: type rule rejects inputs: {e}")
+                types = None
+            if types is not None:
+                got = [(tuple(v.shape), v.dtype) for v in n.outputs]
+                want = [(tuple(s), d) for s, d in types]
+                if got != want:
+                    errors.append(f"{where}: outputs {got} but the op's rule gives {want}")
+        for v in n.outputs:
+            if v.name in names:
+                errors.append(f"{where}: value name {v.name} defined twice")
+            names.add(v.name)
+            if v.producer is not n:
+                errors.append(f"{where}: {v!r} does not name this node as its producer")
+            defined.add(id(v))
+    for kind, vals in (("output", g.outputs), ("state_out", g.state_out)):
+        for k, v in vals.items():
+            if id(v) not in defined:
+                errors.append(f"{g.name}: {kind} {k} is not produced by any node")
+    users = g.users()
+    for n in g.nodes:
+        if n.op in OPS and OPS[n.op].inplace_state:
+            for v in n.inputs:
+                if v.producer is not None and v.producer.op == "state" and len(users.get(v, [])) > 1:
+                    errors.append(f"{g.name}: state {v.name} is written in place by {n.op} but read elsewhere too")
+    for name in g.state_out:
+        if name not in g.leaves("state"):
+            errors.append(f"{g.name}: state_out {name} has no matching state input")
+    if errors:
+        raise VerifyError("graph verification failed:\n  " + "\n  ".join(errors[:50]))

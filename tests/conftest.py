@@ -1,0 +1,100 @@
+"""Shared fixtures: the tiny spec, random tiny checkpoints (written once per session), transformers' Beam loaded
+from them, and a transformers attention function that runs beamc's attention reference."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    try:  # transformers' per-tensor loading bars would bury the test output
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_spec():
+    from beamc.spec import load_spec
+
+    return load_spec(ROOT / "models/beam-tiny.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_spec_bf16(tiny_spec):
+    """The tiny spec with bf16 experts: the form transformers loads without a quantizer."""
+    from beamc.checkpoint.init import with_experts
+
+    return with_experts(tiny_spec, "bf16")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tiny_spec_bf16, tmp_path_factory) -> Path:
+    """Random tiny checkpoint with bf16 experts (loadable by transformers as is)."""
+    from beamc.checkpoint.init import init_weights
+
+    d = tmp_path_factory.mktemp("tiny_bf16")
+    init_weights(tiny_spec_bf16, d, seed=1234)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt_nvfp4(tiny_spec, tmp_path_factory) -> Path:
+    from beamc.checkpoint.init import init_weights
+
+    d = tmp_path_factory.mktemp("tiny_nvfp4")
+    init_weights(tiny_spec, d, seed=99, experts="nvfp4")
+    return d
+
+
+def register_beamc_attention() -> str:
+    """Register beamc's attention reference as a transformers attention implementation, so that a bf16 comparison
+    isolates everything else: with it, transformers and the interpreter run identical attention arithmetic."""
+    from transformers import AttentionInterface
+
+    from beamc.ir.ops import attention_ref
+
+    def beamc_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, sliding_window=None, **kw):
+        assert query.shape[0] == 1, "one unpadded sequence per call"
+        S = query.shape[2]
+        q = query[0].transpose(0, 1).contiguous()  # [S, heads, d]
+        kc = key[0].transpose(0, 1).contiguous()[None]  # a one-slot cache holding positions 0..S-1
+        vc = value[0].transpose(0, 1).contiguous()[None]
+        pos = torch.arange(S, device=query.device)
+        out = attention_ref(q, kc, vc, torch.zeros_like(pos), pos, sliding_window, scaling)
+        return out[None], None
+
+    AttentionInterface.register("beamc_ref", beamc_attention)
+    return "beamc_ref"
+
+
+def hf_model(ckpt: Path, dtype: torch.dtype, attn: str = "sdpa"):
+    from transformers import BeamForCausalLM
+
+    model = BeamForCausalLM.from_pretrained(ckpt, dtype=dtype, attn_implementation=attn,
+                                            experts_implementation="eager")
+    return model.eval()
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()

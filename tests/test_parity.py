@@ -1,0 +1,82 @@
+"""The interpreter against transformers' Beam on the tiny spec, from one random HF checkpoint read by both."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from beamc.ir.session import ReferenceSession
+from conftest import hf_logits, hf_model, register_beamc_attention, rel_err
+
+LENS = (57, 33, 70)  # ragged; 57 and 70 exceed three windows of 16
+
+
+def _seqs(vocab: int, seed: int, lens=LENS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+def test_fp32_ragged_prefill_matches_transformers(tiny_spec_bf16, tiny_ckpt):
+    seqs = _seqs(tiny_spec_bf16.vocab_size, 0)
+    sess = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, dtype="f32", max_len=128, max_chunk=80)
+    outs = sess.prefill(list(enumerate(seqs)))
+    model = hf_model(tiny_ckpt, torch.float32)
+    for ids, out in zip(seqs, outs):
+        assert rel_err(out, hf_logits(model, ids)) < 1e-5
+
+
+def test_fp32_chunked_ragged_prefill_with_start_positions(tiny_spec_bf16, tiny_ckpt):
+    """Sequences continue from different start positions in one ragged step (chunked prefill)."""
+    a, b, c = _seqs(tiny_spec_bf16.vocab_size, 1)
+    sess = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, dtype="f32", max_len=128, max_chunk=48)
+    a1, b1 = sess.prefill([(0, a[:20]), (1, b[:9])])
+    a2, b2, c1 = sess.prefill([(0, a[20:57]), (1, b[9:]), (2, c[:40])])
+    model = hf_model(tiny_ckpt, torch.float32)
+    assert rel_err(torch.cat([a1, a2]), hf_logits(model, a)) < 1e-5
+    assert rel_err(torch.cat([b1, b2]), hf_logits(model, b)) < 1e-5
+    assert rel_err(c1, hf_logits(model, c[:40])) < 1e-5
+
+
+def test_bf16_bit_exact_when_attention_arithmetic_matches(tiny_spec_bf16, tiny_ckpt):
+    """With transformers running beamc's attention reference, every other op rounds at the same points, so the
+    bf16 logits are identical bit for bit."""
+    seqs = _seqs(tiny_spec_bf16.vocab_size, 2, (57, 21))
+    sess = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, dtype="bf16", max_len=128, max_chunk=80)
+    outs = sess.prefill(list(enumerate(seqs)))
+    model = hf_model(tiny_ckpt, torch.bfloat16, attn=register_beamc_attention())
+    for ids, out in zip(seqs, outs):
+        assert torch.equal(out, hf_logits(model, ids))
+
+
+def test_bf16_against_transformers_sdpa_statistically(tiny_spec_bf16, tiny_ckpt):
+    """Against transformers' own (sdpa) attention the only difference is attention's internal rounding; random
+    weights make bf16 chaotic, so compare log-probabilities of reference tokens and top-1 agreement."""
+    seqs = _seqs(tiny_spec_bf16.vocab_size, 3, (64,))
+    sess = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, dtype="bf16", max_len=128, max_chunk=80)
+    out = sess.prefill([(0, seqs[0])])[0]
+    ref = hf_logits(hf_model(tiny_ckpt, torch.bfloat16), seqs[0])
+    lp, lr = out.log_softmax(-1), ref.log_softmax(-1)
+    tgt = ref.argmax(-1)
+    dlogp = (lp.gather(1, tgt[:, None]) - lr.gather(1, tgt[:, None])).abs().mean().item()
+    top1 = (out.argmax(-1) == tgt).float().mean().item()
+    print(f"bf16 vs transformers sdpa: mean |dlogprob| {dlogp:.4f}, top-1 agreement {top1:.3f}")
+    assert dlogp < 0.2 and top1 > 0.8
+
+
+def test_nvfp4_experts_reference_is_their_dequantised_values(tiny_spec, tiny_ckpt_nvfp4):
+    """An NVFP4 checkpoint runs with its dequantised experts: transformers given the loader's dequantised weights
+    (fp32) produces the interpreter's logits."""
+    from transformers import BeamConfig, BeamForCausalLM
+
+    from beamc.checkpoint.loader import load_rank_weights
+    from beamc.spec.hf import spec_to_hf_config
+
+    weights = load_rank_weights(tiny_spec, tiny_ckpt_nvfp4, dtype=torch.float32)
+    cfg = spec_to_hf_config(tiny_spec)
+    cfg.pop("quantization_config")
+    model = BeamForCausalLM(BeamConfig(**cfg)).float().eval()
+    model.load_state_dict(weights, strict=False)
+    missing = set(model.state_dict()) - set(weights)
+    assert not [k for k in missing if "rotary" not in k]
+    seq = _seqs(tiny_spec.vocab_size, 4, (50,))[0]
+    sess = ReferenceSession(tiny_spec, [weights], dtype="f32", max_len=64, max_chunk=64)
+    assert rel_err(sess.prefill([(0, seq)])[0], hf_logits(model, seq)) < 1e-5

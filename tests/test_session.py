@@ -1,0 +1,85 @@
+"""Prefill/decode consistency, simulated tensor parallelism and runtime-call errors of the reference session."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from beamc.checkpoint.loader import load_rank_weights
+from beamc.errors import BeamcError
+from beamc.ir.session import ReferenceSession
+from conftest import rel_err
+
+
+def _ids(vocab: int, n: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture(scope="module")
+def weights_f32(tiny_spec, tiny_ckpt_nvfp4):
+    return {tp: [load_rank_weights(tiny_spec, tiny_ckpt_nvfp4, tp=tp, rank=r, dtype=torch.float32) for r in range(tp)]
+            for tp in (1, 2, 4)}
+
+
+def test_prefill_then_decode_equals_one_long_prefill(tiny_spec, weights_f32):
+    """10-token prefill, then 50 single-token decode steps for two sequences at different positions, equals one
+    60-token prefill; the sliding rings (capacity 15 + 10) wrap around several times."""
+    a, b = _ids(tiny_spec.vocab_size, 60, 0), _ids(tiny_spec.vocab_size, 60, 1)
+    long = ReferenceSession(tiny_spec, weights_f32[1], max_len=64, max_chunk=64).prefill([(0, a), (1, b)])
+    step = ReferenceSession(tiny_spec, weights_f32[1], max_len=64, max_chunk=10)
+    assert step.states[0]["kv.0.k"].shape[1] == tiny_spec.attention.sliding.window - 1 + 10
+    pa, pb = step.prefill([(0, a[:10]), (1, b[:4])])
+    rows_a, rows_b = [pa], [pb]
+    for i in range(10, 14):
+        rows_a.append(step.decode({0: a[i]}))
+    rows_b.append(step.prefill([(1, b[4:10])])[0])
+    for i in range(14, 60):  # b runs 4 positions behind a, in the same decode batch
+        out = step.decode({0: a[i], 1: b[i - 4]})
+        rows_a.append(out[:1])
+        rows_b.append(out[1:])
+    rows_b.append(step.prefill([(1, b[56:])])[0])
+    assert rel_err(torch.cat(rows_a), long[0]) < 1e-5
+    assert rel_err(torch.cat(rows_b), long[1]) < 1e-5
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_ranks_sum_to_the_unsharded_model(tiny_spec, weights_f32, tp):
+    """tp=4 on the tiny spec (2 kv heads) also exercises kv-head replication across ranks."""
+    seqs = [(0, _ids(tiny_spec.vocab_size, 40, 2)), (1, _ids(tiny_spec.vocab_size, 23, 3))]
+    ref = ReferenceSession(tiny_spec, weights_f32[1], max_len=64, max_chunk=40)
+    par = ReferenceSession(tiny_spec, weights_f32[tp], tp=tp, max_len=64, max_chunk=40)
+    for x, y in zip(ref.prefill(seqs), par.prefill(seqs)):
+        assert rel_err(y, x) < 1e-5
+    for t in range(3):
+        toks = {0: 7 + t, 1: 300 + t}
+        assert rel_err(par.decode(toks), ref.decode(toks)) < 1e-5
+
+
+def test_tp_rank_graphs_carry_their_collectives(tiny_spec):
+    from beamc.ir.lower import LowerOptions, lower
+
+    g = lower(tiny_spec, LowerOptions(tp=2))
+    ops = [n.op for n in g.nodes]
+    assert ops.count("all_reduce") == 2 * tiny_spec.num_layers
+    assert ops.count("all_gather") == 1
+    assert "all_reduce" not in [n.op for n in lower(tiny_spec).nodes]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: s.prefill([(9, [1, 2])]), "slot: 9 is outside [0, 4)"),
+    (lambda s: s.prefill([(0, list(range(20)))]), "chunk of 20 tokens exceeds max_chunk=16"),
+    (lambda s: s.prefill([(0, [1, 100000])]), "token id 100000 outside the vocabulary [0, 512)"),
+    (lambda s: s.prefill([(0, [])]), "empty token list"),
+    (lambda s: s.prefill([(0, [1]), (0, [2])]), "a slot appears twice"),
+])
+def test_bad_runtime_calls_raise_one_clear_error(tiny_spec, weights_f32, call, message):
+    sess = ReferenceSession(tiny_spec, weights_f32[1], max_seqs=4, max_len=32, max_chunk=16)
+    with pytest.raises(BeamcError, match=None) as e:
+        call(sess)
+    assert message in str(e.value)
+
+
+def test_context_longer_than_max_len_is_refused(tiny_spec, weights_f32):
+    sess = ReferenceSession(tiny_spec, weights_f32[1], max_len=20, max_chunk=16)
+    sess.prefill([(0, list(range(16)))])
+    with pytest.raises(BeamcError, match="length 21 exceeds max_len=20"):
+        sess.prefill([(0, list(range(5)))])
