@@ -33,6 +33,11 @@ def _cmd_logits(args: argparse.Namespace) -> None:
     logits_command(args)
 
 
+def _pass_flags(p: argparse.ArgumentParser, default: str = "all") -> None:
+    p.add_argument("--passes", default=default, help=f"all | none | a,b,c (default: {default})")
+    p.add_argument("--disable", default="", help="comma-separated passes to leave out")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="beamc", description="Compiler for Beam-1.0-501B-A23B")
     sub = p.add_subparsers(dest="command", required=True)
@@ -41,7 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("spec")
     c.add_argument("--tp", type=int, default=1, help="tensor-parallel size (show one rank's share)")
     c.add_argument("--rank", type=int, default=0)
-    c.add_argument("--dump-ir", metavar="DIR", help="write the lowered graphs (text and DOT) to DIR")
+    c.add_argument("--dump-ir", metavar="DIR", help="write the graphs (text and DOT) before and after each pass to DIR")
+    _pass_flags(c)
+    c.add_argument("--report", action="store_true",
+                   help="ops left in one MoE layer of batch-1 decode, and op counts per layer kind per pass")
     c.set_defaults(fn=_cmd_compile)
 
     h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")
@@ -67,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     lg.add_argument("--tp", type=int, default=1)
     lg.add_argument("--device", default="cpu")
+    _pass_flags(lg, default="none")
     lg.set_defaults(fn=_cmd_logits)
     return p
 

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 from beamc.errors import BeamcError
 from beamc.ir.session import ReferenceSession
+from beamc.passes.manager import compiled_graphs, select_passes
 from beamc.spec import load_spec
 
 
@@ -77,9 +78,12 @@ def logits_command(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise BeamcError("--device", f"{args.device} requested but CUDA is not available", "use --device cpu")
     dtype = "f32" if args.dtype == "fp32" else "bf16"
-    out = run_logits(spec, args.checkpoint, seqs, steps, dtype=dtype, tp=args.tp, device=args.device)
-    meta = {"spec": spec.name, "dtype": args.dtype, "tp": str(args.tp), "backend": "interpreter"}
+    names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
+    graphs = compiled_graphs(spec, tp=args.tp, dtype=dtype, passes=names)
+    out = run_logits(spec, args.checkpoint, seqs, steps, dtype=dtype, tp=args.tp, device=args.device, graphs=graphs)
+    meta = {"spec": spec.name, "dtype": args.dtype, "tp": str(args.tp), "backend": "interpreter",
+            "passes": ",".join(names) or "none"}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     save_file(out, args.output, metadata=meta)
     print(f"wrote {args.output}: {len(seqs)} sequences ({sum(map(len, seqs))} prefill tokens), "
-          f"{steps} decode steps, {args.dtype}, tp {args.tp}")
+          f"{steps} decode steps, {args.dtype}, tp {args.tp}, passes: {meta['passes']}")

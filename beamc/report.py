@@ -9,9 +9,11 @@ from pathlib import Path
 
 from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, rank_dims, shard_range
 from beamc.ir.graph import Graph
-from beamc.ir.lower import LowerOptions, lower
+from beamc.ir.lower import LowerOptions, layer_kind, lower
 from beamc.ir.printer import to_dot, to_text
+from beamc.ir.ops import OPS
 from beamc.ir.verify import verify
+from beamc.passes.manager import run_passes, select_passes
 from beamc.spec import load_spec
 from beamc.spec.schema import ModelSpec
 
@@ -76,11 +78,6 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str, tp: int = 1) -> tuple[int
     return full, ring
 
 
-def layer_kind(spec: ModelSpec, L: int) -> str:
-    att = "sliding" if spec.attention_types[L] == "sliding_attention" else "full"
-    return f"{att}+{spec.mlp_types[L]}"
-
-
 def ops_per_layer_kind(spec: ModelSpec, g: Graph) -> dict[str, Counter]:
     """Compute ops (views excluded) of one layer of each kind, by op name."""
     first: dict[str, int] = {}
@@ -132,16 +129,75 @@ def summary(spec: ModelSpec, tp: int = 1, rank: int = 0, graphs: dict[str, Graph
     return "\n".join(lines)
 
 
+WHY = {
+    "embed_norm": "embedding gather + layer 0's input norm",
+    "linear_packed": "one GEMM over the load-time packed [Wq; Wk; Wv; Wg]: the layer's attention weight stream",
+    "linear": "GEMM (o_proj: row-parallel; its partial sums feed the boundary's all-reduce)",
+    "qk_norm_pos_kv": "q/k head RMSNorm + RoPE or SSMax + K/V cache write: elementwise over the heads, one launch",
+    "qk_norm_pos": "q/k head RMSNorm + RoPE or SSMax",
+    "attention": "reads the layer's KV cache (ring or full): its own kernel",
+    "sigmoid_gate": "sigmoid(gate + bias) * o with transformers' three roundings; candidate for attention's epilogue",
+    "moe_router": "fp32 router GEMM + grouped top-k selection in one kernel",
+    "moe_experts": "the chosen experts' NVFP4 GEMMs gate_up -> SwiGLU -> down (grouped over experts)",
+    "gate_up_swiglu": "gate and up GEMMs with the fp32 SwiGLU epilogue",
+    "linear_softcap": "lm_head GEMM with the fp32 soft-cap epilogue",
+}
+
+
+def _describe(n) -> str:
+    if n.op == "boundary":
+        parts = []
+        if n.attrs["combine"]:
+            parts.append(f"combine top-k x routed weights, x{n.attrs['routed_scale']:g}")
+        if n.attrs["allreduce"]:
+            parts.append("all-reduce")
+        parts.append("post-norm + depth-scaled residual + next pre-norm")
+        return " + ".join(parts) + ": one pass over the hidden state"
+    return WHY.get(n.op, OPS[n.op].doc)
+
+
+def pass_report(spec: ModelSpec, g: Graph, rep) -> str:
+    moe = next(L for L in range(spec.num_layers) if spec.mlp_types[L] == "sparse")
+    nodes = [n for n in g.compute_nodes() if n.layer == moe]
+    lines = [f"ops left in MoE layer {moe} ({layer_kind(spec, moe)}), batch-1 decode, rank {g.meta['rank']} of "
+             f"{g.meta['tp']}, in launch order: {len(nodes)} ops"]
+    for i, n in enumerate(nodes, 1):
+        lines.append(f"  {i:2d}. {n.op:<15} {_describe(n)}")
+    kinds = list(dict.fromkeys(g.meta["layer_kinds"]))
+    lines.append("ops per layer, by layer kind, after each pass (views excluded):")
+    lines.append("  " + f"{'after':<20}" + "".join(f"{k:>16}" for k in kinds) + "   matches")
+    for step, counts in rep.ops_after.items():
+        m = rep.counts.get(step)
+        match = ", ".join(f"{r} {v}" for r, v in _by_rule(m).items()) if m else ""
+        lines.append("  " + f"{step:<20}" + "".join(f"{counts.get(k, 0):>16}" for k in kinds) + f"   {match}")
+    return "\n".join(lines)
+
+
+def _by_rule(counts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (rule, _kind), v in counts.items():
+        out[rule] = out.get(rule, 0) + v
+    return out
+
+
 def compile_command(args: argparse.Namespace) -> None:
     spec = load_spec(args.spec)
+    names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
     graphs = {phase: lower(spec, LowerOptions(phase=phase, tp=args.tp, rank=args.rank))
               for phase in ("prefill", "decode")}
-    for g in graphs.values():
+    reports = {}
+    for phase, g in graphs.items():
         verify(g)
-    if args.dump_ir:
-        out = Path(args.dump_ir)
-        out.mkdir(parents=True, exist_ok=True)
-        for phase, g in graphs.items():
-            (out / f"{phase}.txt").write_text(to_text(g))
-            (out / f"{phase}.dot").write_text(to_dot(g))
+        dump = Path(args.dump_ir) / phase if args.dump_ir else None
+        if dump:
+            dump.mkdir(parents=True, exist_ok=True)
+            (dump / "lowered.txt").write_text(to_text(g))
+            (dump / "lowered.dot").write_text(to_dot(g))
+        reports[phase] = run_passes([g], names, dump_dir=dump)
     print(summary(spec, args.tp, args.rank, graphs))
+    print(f"  passes: {', '.join(names) or 'none'}")
+    for name in names:
+        c = reports["decode"].counts[name]
+        print(f"    {name:<20} " + ", ".join(f"{r} {v}" for r, v in _by_rule(c).items()) if c else f"    {name:<20} no match")
+    if args.report:
+        print(pass_report(spec, graphs["decode"], reports["decode"]))

@@ -12,7 +12,7 @@ import torch
 
 from beamc.errors import BeamcError
 from beamc.ir.graph import Graph, Value
-from beamc.ir.ops import OPS, TORCH_DTYPE, run_collective
+from beamc.ir.ops import OPS, TORCH_DTYPE
 
 
 def _bind(v: Value, t: torch.Tensor, env: dict[str, int], what: str) -> None:
@@ -36,7 +36,8 @@ class Interpreter:
         ops = [[n.op for n in g.nodes] for g in graphs]
         if any(o != ops[0] for o in ops):
             raise ValueError("rank graphs must have the same node sequence")
-        self.graphs, self.weights = graphs, weights
+        self.graphs = graphs
+        self.weights = weights = [with_packed_weights(g, w) for g, w in zip(graphs, weights)]
         for r, (g, w) in enumerate(zip(graphs, weights)):
             for name, node in g.leaves("param").items():
                 if name not in w:
@@ -64,9 +65,9 @@ class Interpreter:
                     _bind(n.out, src[name], sym, f"{n0.op} {name}")
                     envs[r][id(n.out)] = src[name]
                 continue
-            if opdef.collective:
-                results = run_collective(n0.op, [envs[r][id(n.inputs[0])] for r, n in enumerate(nodes)], n0.attrs)
-                outs_per_rank = [(t,) for t in results]
+            if opdef.is_collective(n0.attrs):
+                outs_per_rank = opdef.ref_ranks([[envs[r][id(v)] for v in n.inputs] for r, n in enumerate(nodes)],
+                                                n0.attrs)
             else:
                 outs_per_rank = [opdef.ref([envs[r][id(v)] for v in n.inputs], n.attrs) for r, n in enumerate(nodes)]
             for r, (n, outs) in enumerate(zip(nodes, outs_per_rank)):
@@ -80,6 +81,19 @@ class Interpreter:
                 states[r][name] = envs[r][id(v)]
             results.append({k: envs[r][id(v)] for k, v in g.outputs.items()})
         return results
+
+
+def with_packed_weights(g: Graph, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Apply the graph's load-time weight plan: a param with a `pack` attribute is the concatenation of other
+    params (e.g. Q/K/V/gate for one GEMM), built once here from this rank's slices."""
+    packed = {}
+    for name, node in g.leaves("param").items():
+        if "pack" in node.attrs and name not in weights:
+            missing = [s for s in node.attrs["pack"] if s not in weights]
+            if missing:
+                raise BeamcError(f"param {name}", f"packs {missing}, which the weights lack")
+            packed[name] = torch.cat([weights[s] for s in node.attrs["pack"]], dim=node.attrs["dim"])
+    return {**weights, **packed} if packed else weights
 
 
 def alloc_states(g: Graph, sizes: dict[str, int], device: Any = "cpu") -> dict[str, torch.Tensor]:

@@ -41,7 +41,7 @@ class _Lowerer:
         self.T = "T" if opt.phase == "prefill" else "B"
         self.g = Graph(f"{spec.name}.{opt.phase}.tp{opt.tp}.r{opt.rank}",
                        {"spec": spec.name, "phase": opt.phase, "tp": opt.tp, "rank": opt.rank, "dtype": self.act,
-                        "logits": opt.logits})
+                        "logits": opt.logits, "layer_kinds": [layer_kind(spec, L) for L in range(spec.num_layers)]})
         self.infos = {t.name: t for t in file_tensors_no_experts(spec)}
         self._params: dict[str, Value] = {}
 
@@ -170,6 +170,12 @@ class _Lowerer:
         out = g.add("moe_combine", y, w, idx, name=f"L{L}.combine")
         out = g.add("scale", out, s=float(m.routed_scaling), name=f"L{L}.routed_scale")
         return self.reduce(out, f"L{L}.moe_allreduce")
+
+
+def layer_kind(spec: ModelSpec, L: int) -> str:
+    """sliding+dense, sliding+sparse, full+sparse ...: the unit in which op counts are reported."""
+    att = "sliding" if spec.attention_types[L] == "sliding_attention" else "full"
+    return f"{att}+{spec.mlp_types[L]}"
 
 
 def file_tensors_no_experts(spec: ModelSpec) -> list[TensorInfo]:

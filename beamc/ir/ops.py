@@ -36,8 +36,13 @@ class OpDef:
     ref: Callable[[list[torch.Tensor], dict[str, Any]], tuple[torch.Tensor, ...]] | None
     doc: str = ""
     is_view: bool = False  # free: metadata only, never a kernel
-    collective: bool = False  # needs the other ranks' values (interpreter runs it across ranks)
+    collective: bool | Callable[[dict[str, Any]], bool] = False  # needs the other ranks' values
     inplace_state: bool = False  # ref writes into its state inputs
+    # collective ops: ref over all ranks at once, [inputs of rank r] -> [outputs of rank r]
+    ref_ranks: Callable[[list[list[torch.Tensor]], dict[str, Any]], list[tuple[torch.Tensor, ...]]] | None = None
+
+    def is_collective(self, attrs: dict[str, Any]) -> bool:
+        return self.collective(attrs) if callable(self.collective) else self.collective
 
 
 OPS: dict[str, OpDef] = {}
@@ -313,7 +318,12 @@ register("gather_rows", lambda i, a: [((i[1].shape[0],) + tuple(i[0].shape[1:]),
 
 
 # ---------------------------------------------------------------- collectives (run across ranks by the interpreter)
-register("all_reduce", same, None, "sum over the tensor-parallel ranks", collective=True)
+def _collective_ranks(op: str):
+    return lambda ins, attrs: [(t,) for t in run_collective(op, [x[0] for x in ins], attrs)]
+
+
+register("all_reduce", same, None, "sum over the tensor-parallel ranks", collective=True,
+         ref_ranks=_collective_ranks("all_reduce"))
 
 
 def _gather_infer(ins, attrs) -> Types:
@@ -323,7 +333,8 @@ def _gather_infer(ins, attrs) -> Types:
     return [(tuple(shape), ins[0].dtype)]
 
 
-register("all_gather", _gather_infer, None, "concatenate the ranks' shards along dim", collective=True)
+register("all_gather", _gather_infer, None, "concatenate the ranks' shards along dim", collective=True,
+         ref_ranks=_collective_ranks("all_gather"))
 
 
 def run_collective(op: str, per_rank: list[torch.Tensor], attrs: dict[str, Any]) -> list[torch.Tensor]:
@@ -341,3 +352,6 @@ def run_collective(op: str, per_rank: list[torch.Tensor], attrs: dict[str, Any])
 
 def inv_sqrt(n: int) -> float:
     return 1.0 / math.sqrt(n)
+
+
+import beamc.ir.fused_ops  # noqa: E402,F401  (registers the ops that passes create)

@@ -1,0 +1,163 @@
+"""Fusion passes: the rewrite engine on hand-built graphs, match and op counts, idempotence, subsets, and bit-identical
+interpretation before/after each pass (fp32 and bf16, prefill and decode, TP 1 and TP 2)."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.checkpoint.loader import load_rank_weights
+from beamc.errors import BeamcError
+from beamc.ir.graph import Graph
+from beamc.ir.lower import LowerOptions, lower
+from beamc.ir.printer import to_text
+from beamc.ir.session import ReferenceSession
+from beamc.ir.verify import verify
+from beamc.passes.manager import PASSES, compiled_graphs, run_passes, select_passes
+from beamc.passes.rewrite import Pat, Rule, rewrite
+from beamc.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = list(PASSES)
+
+
+# ---------------------------------------------------------------- the engine on a tiny hand-built graph
+def test_rewrite_fuses_a_hand_built_chain_and_keeps_shared_values():
+    g = Graph("hand")
+    x = g.input("x", (4, 8), "f32")
+    y = g.add("sigmoid", x)
+    z = g.add("scale", y, s=2.0)
+    w = g.add("sigmoid", x)
+    g.outputs["z"], g.outputs["w"] = z, w
+    rule = Rule("sig_scale", Pat("scale", Pat("sigmoid", Pat.any("x")), name="s"),
+                lambda g, m: {m["s"].out: g.add("cast", g.add("sigmoid", m["x"]), dtype="f32")})
+    counts = Counter()
+    assert rewrite(g, [rule], counts) == 1
+    verify(g)
+    assert [n.op for n in g.compute_nodes()] == ["sigmoid", "cast", "sigmoid"]
+    assert counts == Counter({("sig_scale", "head"): 1})
+
+
+def test_rewrite_refuses_a_match_whose_interior_value_is_used_elsewhere():
+    g = Graph("hand")
+    x = g.input("x", (4,), "f32")
+    y = g.add("sigmoid", x)
+    g.outputs["z"], g.outputs["y"] = g.add("scale", y, s=2.0), y  # y escapes: fusing would recompute it
+    rule = Rule("r", Pat("scale", Pat("sigmoid", Pat.any("x")), name="s"), lambda g, m: {m["s"].out: m["x"]})
+    assert rewrite(g, [rule]) == 0
+
+
+# ---------------------------------------------------------------- counts on the full model
+@pytest.fixture(scope="module")
+def full_tp8():
+    spec = load_spec(ROOT / "models/beam.yaml")
+    g = lower(spec, LowerOptions(phase="decode", tp=8))
+    before = Counter(n.op for n in g.compute_nodes())
+    rep = run_passes([g], ALL)
+    return spec, g, rep, before
+
+
+def test_match_counts_on_the_full_model_at_tp8(full_tp8):
+    _, g, rep, _ = full_tp8
+    assert rep.matches("norm_residual_norm") == 104
+    assert rep.matches("qk_norm_pos", "qk_norm_rope") == 43
+    assert rep.matches("qk_norm_pos", "qk_norm_ssmax") == 9
+    assert rep.matches("qk_norm_pos", "sigmoid_gate") == 52
+    assert rep.matches("allreduce_norm", "allreduce_into_norm") == 104
+    assert rep.matches("allreduce_norm", "moe_combine_into_norm") == 49
+    assert rep.matches("fp32_router") == 49
+    assert rep.matches("pack_qkv_gate") == 52
+    assert rep.matches("kv_write") == 52
+    assert rep.matches("dense_swiglu") == 3
+    assert rep.matches("fold_small") == 2
+
+
+def test_op_counts_before_and_after(full_tp8):
+    _, g, rep, before = full_tp8
+    after = Counter(n.op for n in g.compute_nodes())
+    assert before["rmsnorm"] == 6 * 52 + 1 and after["rmsnorm"] == 0
+    assert before["all_reduce"] == 104 and after["all_reduce"] == 0
+    assert after["boundary"] == 104 and after["attention"] == 52 and after["moe_experts"] == 49
+    assert before["linear"] == 5 * 52 + 3 * 3 + 1 and after["linear"] == 52 + 3  # o_proj, dense down_proj
+    assert rep.ops_after["input"]["sliding+sparse"] == 31
+    assert all(n < 13 for n in rep.ops_after["fold_small"].values())  # the seed had 13 per MoE layer
+
+
+def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
+    for tp in (1, 2):
+        g = lower(tiny_spec, LowerOptions(tp=tp))
+        run_passes([g], ALL)
+        text = to_text(g)
+        again = run_passes([g], ALL)
+        assert all(sum(c.values()) == 0 for c in again.counts.values())
+        assert to_text(g) == text
+
+
+def test_any_subset_of_passes_gives_a_verified_graph(tiny_spec):
+    rng = random.Random(0)
+    subsets = [[], ALL] + [[p] for p in ALL] + [[q for q in ALL if q != p] for p in ALL]
+    subsets += [[p for p in ALL if rng.random() < 0.5] for _ in range(12)]
+    for names in subsets:
+        for phase in ("prefill", "decode"):
+            g = lower(tiny_spec, LowerOptions(phase=phase, tp=2))
+            run_passes([g], names)  # verifies after every pass
+            verify(g)
+
+
+def test_pass_flags_select_and_reject():
+    assert select_passes("all", ["kv_write"]) == [p for p in ALL if p != "kv_write"]
+    assert select_passes("none") == []
+    assert select_passes("fp32_router,norm_residual_norm") == ["norm_residual_norm", "fp32_router"]
+    with pytest.raises(BeamcError, match="unknown pass 'fuse_everything'"):
+        select_passes("fuse_everything")
+    with pytest.raises(BeamcError, match="--disable: unknown pass 'x'"):
+        select_passes("all", ["x"])
+
+
+def test_packing_is_recorded_in_the_plan(tiny_spec):
+    g = lower(tiny_spec, LowerOptions(tp=2))
+    run_passes([g], ["pack_qkv_gate"])
+    packed = {k: n for k, n in g.leaves("param").items() if "pack" in n.attrs}
+    assert len(packed) == tiny_spec.num_layers
+    n = packed["model.layers.0.self_attn.qkvg_proj.weight"]
+    assert n.attrs["pack"][0].endswith("q_proj.weight") and n.out.shape == (128 + 32 + 32 + 128, 256)
+
+
+# ---------------------------------------------------------------- bit-identical interpretation
+@pytest.fixture(scope="module")
+def rank_weights(tiny_spec, tiny_ckpt_nvfp4):
+    out = {}
+    for dt, tdt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        for tp in (1, 2):
+            out[dt, tp] = [load_rank_weights(tiny_spec, tiny_ckpt_nvfp4, tp=tp, rank=r, dtype=tdt) for r in range(tp)]
+    return out
+
+
+def _run(spec, weights, tp, dtype, passes) -> list[torch.Tensor]:
+    """A ragged prefill across the window (24 > 16 tokens) followed by two decode steps."""
+    graphs = compiled_graphs(spec, tp=tp, dtype=dtype, passes=passes)
+    sess = ReferenceSession(spec, weights, tp=tp, dtype=dtype, max_len=32, max_chunk=24, graphs=graphs)
+    g = torch.Generator().manual_seed(7)
+    a, b = (torch.randint(0, spec.vocab_size, (n,), generator=g).tolist() for n in (24, 13))
+    outs = sess.prefill([(0, a), (1, b)])
+    outs.append(sess.decode({0: 5, 1: 6}))
+    outs.append(sess.decode({0: 7, 1: 8}))
+    return outs
+
+
+_REF: dict = {}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("passes", [[p] for p in ALL] + [ALL], ids=ALL + ["all"])
+def test_each_pass_and_all_passes_are_bit_identical(tiny_spec, rank_weights, passes, dtype, tp):
+    w = rank_weights[dtype, tp]
+    if (dtype, tp) not in _REF:
+        _REF[dtype, tp] = _run(tiny_spec, w, tp, dtype, [])
+    fused = _run(tiny_spec, w, tp, dtype, passes)
+    for x, y in zip(_REF[dtype, tp], fused):
+        assert torch.equal(x, y)
