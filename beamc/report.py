@@ -39,7 +39,7 @@ def _numel(shape) -> int:
 def param_counts(spec: ModelSpec, tp: int = 1, rank: int = 0) -> ParamCounts:
     """Logical parameters (NVFP4 counts one per weight, scales excluded), total and active per token, for one
     rank's share when tp > 1. Active = everything except the experts a token does not route to."""
-    infos = [t for t in file_tensors_graph(spec)]
+    infos = file_tensors_graph(spec)
     m = spec.mlp.moe
     by_group: Counter = Counter()
     total = active = 0
@@ -59,7 +59,7 @@ def param_counts(spec: ModelSpec, tp: int = 1, rank: int = 0) -> ParamCounts:
 
 def file_tensors_graph(spec: ModelSpec) -> list[TensorInfo]:
     """Tensors as the graph sees them: experts stacked, everything else as in the files."""
-    out = [t for t in file_tensors(spec) if ".mlp.experts." not in t.name]
+    out = file_tensors(spec, experts=False)
     for L, mlp in enumerate(spec.mlp_types):
         if mlp == "sparse":
             out += expert_graph_params(spec, L)
@@ -76,17 +76,6 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str, tp: int = 1) -> tuple[int
     full = types.count("full_attention") * per_layer
     ring = types.count("sliding_attention") * per_layer * (a.sliding.window - 1)
     return full, ring
-
-
-def ops_per_layer_kind(spec: ModelSpec, g: Graph) -> dict[str, Counter]:
-    """Compute ops (views excluded) of one layer of each kind, by op name."""
-    first: dict[str, int] = {}
-    for L in range(spec.num_layers):
-        first.setdefault(layer_kind(spec, L), L)
-    out: dict[str, Counter] = {}
-    for kind, L in first.items():
-        out[kind] = Counter(n.op for n in g.compute_nodes() if n.layer == L)
-    return out
 
 
 def _b(x: float) -> str:
@@ -122,7 +111,7 @@ def summary(spec: ModelSpec, tp: int = 1, rank: int = 0, graphs: dict[str, Graph
             lines.append(f"  {phase} graph: {len(g.nodes)} nodes, {len(nodes)} compute ops, verified")
         g = graphs.get("decode") or next(iter(graphs.values()))
         lines.append("  ops per layer (decode graph, views excluded):")
-        for kind, c in ops_per_layer_kind(spec, g).items():
+        for kind, c in g.ops_by_layer_kind().items():
             n_layers = sum(1 for L in range(spec.num_layers) if layer_kind(spec, L) == kind)
             lines.append(f"    {kind:<15} x{n_layers:<3} {sum(c.values()):3d} ops: "
                          + ", ".join(f"{k} {v}" if v > 1 else k for k, v in c.items()))

@@ -1,7 +1,6 @@
 """The interpreter against transformers' Beam on the tiny spec, from one random HF checkpoint read by both."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from beamc.ir.session import ReferenceSession

@@ -96,25 +96,26 @@ def expert_file_tensors(spec: ModelSpec, L: int, e: int) -> list[TensorInfo]:
     return out
 
 
-def _moe_tensors(spec: ModelSpec, L: int) -> list[TensorInfo]:
+def _moe_tensors(spec: ModelSpec, L: int, experts: bool) -> list[TensorInfo]:
     m, H = spec.mlp.moe, spec.hidden_size
     p = f"{layer_prefix(L)}.mlp.gate"
     out = [
         TensorInfo(f"{p}.weight", (m.num_experts, H), "float32", REP, "router"),
         TensorInfo(f"{p}.e_score_correction_bias", (m.num_experts,), "float32", REP, "router"),
     ]
-    for e in range(m.num_experts):
+    for e in range(m.num_experts if experts else 0):
         out += expert_file_tensors(spec, L, e)
     return out
 
 
-def file_tensors(spec: ModelSpec) -> list[TensorInfo]:
-    """Every tensor a complete HF checkpoint of this spec holds, in a stable order."""
+def file_tensors(spec: ModelSpec, experts: bool = True) -> list[TensorInfo]:
+    """Every tensor a complete HF checkpoint of this spec holds, in a stable order (without the per-expert
+    tensors when `experts` is False: the graph sees those stacked, see `expert_graph_params`)."""
     out = [TensorInfo("model.embed_tokens.weight", (spec.vocab_size, spec.hidden_size), spec.dtypes.embeddings,
                       REP, "embeddings")]
     for L, mlp in enumerate(spec.mlp_types):
         out += _attn_tensors(spec, L) + _norm_tensors(spec, L)
-        out += _dense_tensors(spec, L) if mlp == "dense" else _moe_tensors(spec, L)
+        out += _dense_tensors(spec, L) if mlp == "dense" else _moe_tensors(spec, L, experts)
     out.append(TensorInfo("model.norm.weight", (spec.hidden_size,), spec.dtypes.norm_weights, REP, "norms"))
     if not spec.logits.tie_word_embeddings:
         out.append(TensorInfo("lm_head.weight", (spec.vocab_size, spec.hidden_size), spec.dtypes.lm_head,

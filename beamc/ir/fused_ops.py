@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from beamc.ir.ops import (
     _broadcast, kv_write_ref, moe_combine_ref, moe_select_ref, q_scale_ref, register, rmsnorm_ref, rope_ref,
-    run_collective, same, softcap_ref, swiglu_ref,
+    run_collective, softcap_ref, swiglu_ref,
 )
 
 

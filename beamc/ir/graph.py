@@ -8,6 +8,7 @@ what a step returns. Passes rewrite `nodes`; `verify` (beamc.ir.verify) proves t
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +112,18 @@ class Graph:
         from beamc.ir.ops import OPS
 
         return [n for n in self.nodes if n.op not in ("input", "param", "state") and not OPS[n.op].is_view]
+
+    def ops_by_layer_kind(self) -> dict[str, Counter]:
+        """Compute ops of one layer of each kind (the last layer of that kind: layer 0 also carries the
+        embedding), by op name, in order of first appearance."""
+        kinds = self.meta.get("layer_kinds", [])
+        last = {k: L for L, k in enumerate(kinds)}
+        first_seen = list(dict.fromkeys(kinds))
+        out = {k: Counter() for k in first_seen}
+        for n in self.compute_nodes():
+            if n.layer is not None and last.get(kinds[n.layer]) == n.layer:
+                out[kinds[n.layer]][n.op] += 1
+        return out
 
     def to_networkx(self) -> nx.DiGraph:
         g = nx.DiGraph()

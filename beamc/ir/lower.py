@@ -42,7 +42,7 @@ class _Lowerer:
         self.g = Graph(f"{spec.name}.{opt.phase}.tp{opt.tp}.r{opt.rank}",
                        {"spec": spec.name, "phase": opt.phase, "tp": opt.tp, "rank": opt.rank, "dtype": self.act,
                         "logits": opt.logits, "layer_kinds": [layer_kind(spec, L) for L in range(spec.num_layers)]})
-        self.infos = {t.name: t for t in file_tensors_no_experts(spec)}
+        self.infos = {t.name: t for t in file_tensors(spec, experts=False)}
         self._params: dict[str, Value] = {}
 
     # ---- params: per-rank shapes from the layout's shard rules ----
@@ -176,10 +176,6 @@ def layer_kind(spec: ModelSpec, L: int) -> str:
     """sliding+dense, sliding+sparse, full+sparse ...: the unit in which op counts are reported."""
     att = "sliding" if spec.attention_types[L] == "sliding_attention" else "full"
     return f"{att}+{spec.mlp_types[L]}"
-
-
-def file_tensors_no_experts(spec: ModelSpec) -> list[TensorInfo]:
-    return [t for t in file_tensors(spec) if ".mlp.experts." not in t.name]
 
 
 def lower(spec: ModelSpec, opt: LowerOptions = LowerOptions()) -> Graph:

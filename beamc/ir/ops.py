@@ -10,7 +10,6 @@ verifier checks that nothing else reads the old one).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -348,10 +347,6 @@ def run_collective(op: str, per_rank: list[torch.Tensor], attrs: dict[str, Any])
         cat = torch.cat(per_rank, dim=attrs["dim"])
         return [cat] * len(per_rank)
     raise KeyError(op)
-
-
-def inv_sqrt(n: int) -> float:
-    return 1.0 / math.sqrt(n)
 
 
 import beamc.ir.fused_ops  # noqa: E402,F401  (registers the ops that passes create)

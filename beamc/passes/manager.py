@@ -50,14 +50,8 @@ class PassReport:
 
 
 def ops_per_kind(g: Graph) -> Counter:
-    """Compute ops per layer, summed per layer kind and divided by that kind's layer count (ops of one layer)."""
-    kinds = g.meta.get("layer_kinds", [])
-    per_layer = Counter(n.layer for n in g.compute_nodes() if n.layer is not None)
-    layers_of = Counter(kinds)
-    out = Counter()
-    for L, n in per_layer.items():
-        out[kinds[L]] += n
-    return Counter({k: v // layers_of[k] for k, v in out.items()})
+    """Compute ops in one layer of each kind."""
+    return Counter({k: sum(c.values()) for k, c in g.ops_by_layer_kind().items()})
 
 
 def run_passes(graphs: list[Graph], names: list[str], dump_dir: str | Path | None = None) -> PassReport:

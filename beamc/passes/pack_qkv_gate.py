@@ -21,7 +21,7 @@ PATTERN = Pat("linear", A("x"), Pat("param", name="wq", where=_is("q_proj")), na
 def build(g, m):
     x, prefix = m["x"], m["wq"].attrs["name"][: -len("q_proj.weight")]
     found = {}
-    for n in g.users()[x]:
+    for n in m.users[x]:
         w = n.inputs[1] if n.op == "linear" else None
         if w is not None and w.producer.op == "param":
             for part in PARTS:

@@ -23,6 +23,7 @@ class Match:
     values: dict[str, Value] = field(default_factory=dict)  # named bound values (Pat.any)
     matched: list[Node] = field(default_factory=list)  # every non-leaf node of the match, root first
     escapes: set[int] = field(default_factory=set)  # ids of matched nodes whose outputs may be used outside
+    users: dict[Value, list[Node]] | None = None  # the graph's current use lists, for builders that look around
 
     def __getitem__(self, key: str) -> Any:
         return self.nodes[key] if key in self.nodes else self.values[key]
@@ -82,26 +83,39 @@ class Rule:
     build: Callable[[Graph, Match], dict[Value, Value] | None]
 
 
-def replace_uses(g: Graph, mapping: dict[Value, Value]) -> None:
+def replace_uses(g: Graph, mapping: dict[Value, Value], users: dict[Value, list[Node]]) -> None:
+    """Redirect every use of each old value (node inputs, graph outputs, state outputs) to its new value."""
+    for old, new in mapping.items():
+        for n in users.pop(old, []):
+            n.inputs = [new if v is old else v for v in n.inputs]
+            users.setdefault(new, []).append(n)
     by_id = {id(k): v for k, v in mapping.items()}
-    for n in g.nodes:
-        n.inputs = [by_id.get(id(v), v) for v in n.inputs]
     for d in (g.outputs, g.state_out):
         for k, v in list(d.items()):
             d[k] = by_id.get(id(v), v)
 
 
+def _drop_dead(candidates: list[Node], users: dict[Value, list[Node]], protected: set[int]) -> None:
+    """Take nodes left without readers out of the use lists, so later matches see true use counts."""
+    work, dead = list(candidates), set()
+    while work:
+        n = work.pop()
+        if id(n) in dead or n.op in ("input", "state"):
+            continue
+        if any(users.get(v) or id(v) in protected for v in n.outputs):
+            continue
+        dead.add(id(n))
+        for v in n.inputs:
+            users[v] = [u for u in users.get(v, []) if u is not n]
+            if v.producer is not None:
+                work.append(v.producer)
+
+
 def toposort(g: Graph, keys: dict[int, float]) -> None:
     """Re-order nodes topologically, keeping the existing order wherever dependencies allow."""
-    idx = {id(n): i for i, n in enumerate(g.nodes)}
-    dg = nx.DiGraph()
-    dg.add_nodes_from(range(len(g.nodes)))
-    for i, n in enumerate(g.nodes):
-        for v in n.inputs:
-            if v.producer is not None and id(v.producer) in idx:
-                dg.add_edge(idx[id(v.producer)], i)
     key = [keys.get(id(n), float(i)) for i, n in enumerate(g.nodes)]
-    g.nodes = [g.nodes[i] for i in nx.lexicographical_topological_sort(dg, key=lambda i: key[i])]
+    order = nx.lexicographical_topological_sort(g.to_networkx(), key=lambda i: key[i])
+    g.nodes = [g.nodes[i] for i in order]
 
 
 def rewrite(g: Graph, rules: list[Rule], counts: Counter | None = None) -> int:
@@ -111,8 +125,9 @@ def rewrite(g: Graph, rules: list[Rule], counts: Counter | None = None) -> int:
     keys: dict[int, float] = {}
     for rule in rules:
         users, consumed = g.users(), set()
+        position = {id(n): float(i) for i, n in enumerate(g.nodes)}
         protected = {id(v) for v in list(g.outputs.values()) + list(g.state_out.values())}
-        for pos, node in enumerate(list(g.nodes)):
+        for node in list(g.nodes):
             if id(node) in consumed:
                 continue
             m = rule.pattern.match(node, users, protected)
@@ -120,20 +135,25 @@ def rewrite(g: Graph, rules: list[Rule], counts: Counter | None = None) -> int:
                 continue
             before = len(g.nodes)
             g.current_layer = node.layer
+            m.users = users
             mapping = rule.build(g, m)
             g.current_layer = None
             if not mapping:
                 assert len(g.nodes) == before, f"rule {rule.name} declined after building nodes"
                 continue
-            for new in g.nodes[before:]:  # new nodes sit where the earliest matched node was
-                keys[id(new)] = min(keys.get(id(n), float(g.nodes.index(n))) for n in m.matched) - 0.5
-            replace_uses(g, mapping)
-            consumed.update(id(n) for n in m.matched)
-            consumed.update(id(k.producer) for k in mapping if k.producer is not None)
-            users = g.users()
+            new_nodes = g.nodes[before:]
+            for new in new_nodes:  # new nodes sit where the earliest matched node was
+                keys[id(new)] = min(keys.get(id(n), position.get(id(n), 0.0)) for n in m.matched) - 0.5
+                for v in new.inputs:
+                    users.setdefault(v, []).append(new)
+            replace_uses(g, mapping, users)
+            replaced = [k.producer for k in mapping if k.producer is not None]
+            consumed.update(id(n) for n in m.matched + replaced)
+            protected = {id(v) for v in list(g.outputs.values()) + list(g.state_out.values())}
+            _drop_dead(m.matched + replaced, users, protected)
             total += 1
             if counts is not None:
-                layer = g.nodes[before].layer if len(g.nodes) > before else node.layer
+                layer = new_nodes[0].layer if new_nodes else node.layer
                 kind = kinds[layer] if (kinds and layer is not None) else "head"
                 counts[(rule.name, kind)] += 1
         toposort(g, keys)  # first: new nodes were appended after their users, and remove_dead walks backwards
