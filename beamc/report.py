@@ -110,7 +110,8 @@ def summary(spec: ModelSpec, tp: int = 1, rank: int = 0, graphs: dict[str, Graph
             nodes = g.compute_nodes()
             lines.append(f"  {phase} graph: {len(g.nodes)} nodes, {len(nodes)} compute ops, verified")
         g = graphs.get("decode") or next(iter(graphs.values()))
-        lines.append("  ops per layer (decode graph, views excluded):")
+        passes = ", ".join(g.meta.get("passes", [])) or "none"
+        lines.append(f"  ops per layer (decode graph, views excluded, after passes: {passes}):")
         for kind, c in g.ops_by_layer_kind().items():
             n_layers = sum(1 for L in range(spec.num_layers) if layer_kind(spec, L) == kind)
             lines.append(f"    {kind:<15} x{n_layers:<3} {sum(c.values()):3d} ops: "

@@ -83,3 +83,23 @@ def test_context_longer_than_max_len_is_refused(tiny_spec, weights_f32):
     sess.prefill([(0, list(range(16)))])
     with pytest.raises(BeamcError, match="length 21 exceeds max_len=20"):
         sess.prefill([(0, list(range(5)))])
+
+
+def test_fp8_kv_cache_stores_e4m3_within_its_precision(tiny_spec, tiny_ckpt_nvfp4):
+    """dtypes.kv_cache: fp8 stores K/V as float8_e4m3fn (half the bytes) and reads them back in fp32. Layer 0's
+    cache (same inputs in both runs) holds the bf16 cache's values to e4m3's precision (3 mantissa bits)."""
+    from beamc.spec import parse_spec
+
+    data = tiny_spec.model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"
+    fp8 = parse_spec(data)
+    ids = _ids(tiny_spec.vocab_size, 40, 5)
+    caches, logits = {}, {}
+    for name, spec in (("bf16", tiny_spec), ("fp8", fp8)):
+        sess = ReferenceSession.from_checkpoint(spec, tiny_ckpt_nvfp4, dtype="bf16", max_len=48, max_chunk=40)
+        logits[name] = torch.cat([sess.prefill([(0, ids[:30])])[0], sess.decode({0: ids[30]})])
+        caches[name] = [sess.states[0][f"kv.0.{kv}"][0, :31].float() for kv in "kv"]
+    assert sess.states[0]["kv.0.k"].dtype == torch.float8_e4m3fn
+    for q, ref in zip(caches["fp8"], caches["bf16"]):
+        assert ((q - ref).abs() <= ref.abs() * 2 ** -4 + 2 ** -10).all()
+    assert torch.isfinite(logits["fp8"]).all()

@@ -69,6 +69,8 @@ def run_passes(graphs: list[Graph], names: list[str], dump_dir: str | Path | Non
             if dump and r == 0:
                 _dump(g, dump / f"{i:02d}-{name}.after")
         report.counts[name] = counts
+        for g in graphs:  # which passes shaped this graph (a pass run again changes nothing, so adds nothing)
+            g.meta["passes"] = list(dict.fromkeys(g.meta.get("passes", []) + [name]))
         report.ops_after[name] = ops_per_kind(graphs[0])
     return report
 
