@@ -153,6 +153,7 @@ def pass_report(spec: ModelSpec, g: Graph, rep) -> str:
              f"{g.meta['tp']}, in launch order: {len(nodes)} ops"]
     for i, n in enumerate(nodes, 1):
         lines.append(f"  {i:2d}. {n.op:<15} {_describe(n)}")
+    lines += weight_plan(g)
     kinds = list(dict.fromkeys(g.meta["layer_kinds"]))
     lines.append("ops per layer, by layer kind, after each pass (views excluded):")
     lines.append("  " + f"{'after':<20}" + "".join(f"{k:>16}" for k in kinds) + "   matches")
@@ -161,6 +162,22 @@ def pass_report(spec: ModelSpec, g: Graph, rep) -> str:
         match = ", ".join(f"{r} {v}" for r, v in _by_rule(m).items()) if m else ""
         lines.append("  " + f"{step:<20}" + "".join(f"{counts.get(k, 0):>16}" for k in kinds) + f"   {match}")
     return "\n".join(lines)
+
+
+def _rule_line(counts, rule: str, total: int) -> str:
+    kinds = ", ".join(f"{k} {v}" for (r, k), v in counts.items() if r == rule)
+    return f"{rule} {total} ({kinds})"
+
+
+def weight_plan(g: Graph) -> list[str]:
+    """The load-time weight transforms the passes recorded: packed params and what they concatenate."""
+    packed = [n for n in g.leaves("param").values() if "pack" in n.attrs]
+    if not packed:
+        return []
+    n = packed[0]
+    parts = " + ".join(p.rsplit(".", 2)[-2] for p in n.attrs["pack"])
+    return [f"load-time weight plan: {len(packed)} packed params, e.g. {n.attrs['name']} {list(n.out.shape)} = "
+            f"rows of {parts} (this rank's slices, concatenated along dim {n.attrs['dim']})"]
 
 
 def _by_rule(counts) -> dict[str, int]:
@@ -188,6 +205,7 @@ def compile_command(args: argparse.Namespace) -> None:
     print(f"  passes: {', '.join(names) or 'none'}")
     for name in names:
         c = reports["decode"].counts[name]
-        print(f"    {name:<20} " + ", ".join(f"{r} {v}" for r, v in _by_rule(c).items()) if c else f"    {name:<20} no match")
+        print(f"    {name:<20} " + "; ".join(_rule_line(c, r, v) for r, v in _by_rule(c).items()) if c
+              else f"    {name:<20} no match")
     if args.report:
         print(pass_report(spec, graphs["decode"], reports["decode"]))
