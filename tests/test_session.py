@@ -103,3 +103,32 @@ def test_fp8_kv_cache_stores_e4m3_within_its_precision(tiny_spec, tiny_ckpt_nvfp
     for q, ref in zip(caches["fp8"], caches["bf16"]):
         assert ((q - ref).abs() <= ref.abs() * 2 ** -4 + 2 ** -10).all()
     assert torch.isfinite(logits["fp8"]).all()
+
+
+def test_a_cache_too_small_for_the_step_is_an_error_not_a_wrong_result(tiny_spec, weights_f32):
+    from beamc.ir.interpret import Interpreter, alloc_states
+    from beamc.ir.lower import LowerOptions, lower
+
+    g = lower(tiny_spec, LowerOptions(dtype="f32"))
+    states = [alloc_states(g, {"S": 1, "Cs": 20, "Cf": 64})]  # 20 < window 16 - 1 + chunk 30
+    inputs = {"input_ids": torch.arange(30), "positions": torch.arange(30), "slots": torch.zeros(30, dtype=torch.long)}
+    with pytest.raises(BeamcError, match="slot 0 needs positions 0..29 but the cache holds 20"):
+        Interpreter([g], weights_f32[1]).run(inputs, states)
+
+
+def test_last_row_logits_graph_equals_the_rows_of_the_full_one(tiny_spec, weights_f32):
+    """LowerOptions(logits="last"): only the rows named by `logit_rows` (a serving step's last tokens) reach lm_head."""
+    from beamc.ir.interpret import Interpreter, alloc_states
+    from beamc.ir.lower import LowerOptions, lower
+
+    ids = _ids(tiny_spec.vocab_size, 30, 9)
+    inputs = {"input_ids": torch.tensor(ids), "positions": torch.tensor(list(range(20)) + list(range(10))),
+              "slots": torch.tensor([0] * 20 + [1] * 10)}
+    outs = {}
+    for mode in ("all", "last"):
+        g = lower(tiny_spec, LowerOptions(dtype="f32", logits=mode))
+        states = [alloc_states(g, {"S": 2, "Cs": 64, "Cf": 64})]
+        extra = {"logit_rows": torch.tensor([19, 29])} if mode == "last" else {}
+        outs[mode] = Interpreter([g], weights_f32[1]).run({**inputs, **extra}, states)[0]["logits"]
+    # equal up to the lm_head GEMM's rounding, which depends on how many rows it multiplies (2 vs 30)
+    assert rel_err(outs["last"], outs["all"][[19, 29]]) < 1e-6

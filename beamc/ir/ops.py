@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from beamc.errors import BeamcError
 from beamc.ir.graph import Shape, Value
 
 TORCH_DTYPE = {
@@ -213,8 +214,11 @@ def attention_ref(q, kc, vc, slot, pos, window: int | None, scale: float) -> tor
     for s in torch.unique(slot).tolist():
         rows = (slot == s).nonzero().flatten()
         qp = pos[rows]
-        lo = int(qp.min()) - (window - 1 if window else int(qp.min()))
-        kpos = torch.arange(max(lo, 0), int(qp.max()) + 1, device=q.device)
+        lo = max(int(qp.min()) - (window - 1 if window else int(qp.min())), 0)
+        if int(qp.max()) + 1 - lo > cap:  # a ring this small has overwritten keys this step still needs
+            raise BeamcError("attention", f"slot {s} needs positions {lo}..{int(qp.max())} but the cache holds "
+                             f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
+        kpos = torch.arange(lo, int(qp.max()) + 1, device=q.device)
         k = kc[s, kpos % cap].float().repeat_interleave(group, dim=1)  # [K, hq, d]
         v = vc[s, kpos % cap].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,khd->htk", q[rows].float(), k) * scale
