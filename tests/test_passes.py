@@ -2,6 +2,7 @@
 interpretation before/after each pass (fp32 and bf16, prefill and decode, TP 1 and TP 2)."""
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from pathlib import Path
@@ -96,15 +97,15 @@ def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
         assert to_text(g) == text
 
 
-def test_any_subset_of_passes_gives_a_verified_graph(tiny_spec):
-    rng = random.Random(0)
-    subsets = [[], ALL] + [[p] for p in ALL] + [[q for q in ALL if q != p] for p in ALL]
-    subsets += [[p for p in ALL if rng.random() < 0.5] for _ in range(12)]
+def test_every_subset_of_passes_gives_a_verified_graph(tiny_spec):
+    """All 2^8 subsets on the decode graph at TP 2 (run_passes verifies after every pass); a sample on prefill,
+    whose graph differs only in the names of its symbolic dims."""
+    subsets = [list(c) for r in range(len(ALL) + 1) for c in itertools.combinations(ALL, r)]
+    assert len(subsets) == 2 ** len(ALL)
     for names in subsets:
-        for phase in ("prefill", "decode"):
-            g = lower(tiny_spec, LowerOptions(phase=phase, tp=2))
-            run_passes([g], names)  # verifies after every pass
-            verify(g)
+        run_passes([lower(tiny_spec, LowerOptions(phase="decode", tp=2))], names)
+    for names in random.Random(0).sample(subsets, 16):
+        run_passes([lower(tiny_spec, LowerOptions(phase="prefill", tp=2))], names)
 
 
 def test_pass_flags_select_and_reject():
