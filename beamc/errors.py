@@ -11,3 +11,15 @@ class BeamcError(Exception):
         if fix:
             text += f" ({fix})"
         super().__init__(text)
+
+
+def ensure_dir(path, where: str):
+    """Create an output directory, or raise one BeamcError saying why it can't be (a file is there, no permission)."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BeamcError(where, f"cannot create directory {p}: {e.strerror}", "choose another path") from None
+    return p

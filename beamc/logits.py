@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from beamc.errors import BeamcError
+from beamc.errors import BeamcError, ensure_dir
 from beamc.ir.session import ReferenceSession
 from beamc.passes.manager import compiled_graphs, select_passes
 from beamc.spec import load_spec
@@ -83,7 +83,10 @@ def logits_command(args: argparse.Namespace) -> None:
     out = run_logits(spec, args.checkpoint, seqs, steps, dtype=dtype, tp=args.tp, device=args.device, graphs=graphs)
     meta = {"spec": spec.name, "dtype": args.dtype, "tp": str(args.tp), "backend": "interpreter",
             "passes": ",".join(names) or "none"}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    save_file(out, args.output, metadata=meta)
+    ensure_dir(Path(args.output).parent, "-o")
+    try:
+        save_file(out, args.output, metadata=meta)
+    except OSError as e:
+        raise BeamcError("-o", f"cannot write {args.output}: {e.strerror}", "choose another path") from None
     print(f"wrote {args.output}: {len(seqs)} sequences ({sum(map(len, seqs))} prefill tokens), "
           f"{steps} decode steps, {args.dtype}, tp {args.tp}, passes: {meta['passes']}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, rank_dims, shard_range
+from beamc.errors import ensure_dir
 from beamc.ir.graph import Graph
 from beamc.ir.lower import LowerOptions, layer_kind, lower
 from beamc.ir.printer import to_dot, to_text
@@ -195,9 +196,8 @@ def compile_command(args: argparse.Namespace) -> None:
     reports = {}
     for phase, g in graphs.items():
         verify(g)
-        dump = Path(args.dump_ir) / phase if args.dump_ir else None
+        dump = ensure_dir(Path(args.dump_ir) / phase, "--dump-ir") if args.dump_ir else None
         if dump:
-            dump.mkdir(parents=True, exist_ok=True)
             (dump / "lowered.txt").write_text(to_text(g))
             (dump / "lowered.dot").write_text(to_dot(g))
         reports[phase] = run_passes([g], names, dump_dir=dump)

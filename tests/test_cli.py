@@ -78,3 +78,11 @@ def test_console_script_runs_the_main_job():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "Beam-tiny" in r.stdout and "verified" in r.stdout
+
+
+def test_unwritable_outputs_are_one_message(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["compile", str(ROOT / "models/beam-tiny.yaml"), "--dump-ir", str(blocker / "ir")]) == 2
+    err = capsys.readouterr().err
+    assert "--dump-ir: cannot create directory" in err and "Traceback" not in err
