@@ -71,6 +71,8 @@ class Graph:
         opdef = OPS[op]
         types = opdef.infer(list(inputs), attrs)
         hint = name or op
+        if self.current_layer is not None and not hint.startswith(f"L{self.current_layer}."):
+            hint = f"L{self.current_layer}.{hint}"  # values say which layer they belong to
         outs = []
         for i, (shape, dtype) in enumerate(types):
             outs.append(Value(self.fresh(hint if len(types) == 1 else f"{hint}.{i}"), tuple(shape), dtype))

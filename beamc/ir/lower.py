@@ -120,9 +120,9 @@ class _Lowerer:
         k = g.add("linear", x, self.W(f"{p}.k_proj.weight"), name=f"L{L}.k_proj")
         v = g.add("linear", x, self.W(f"{p}.v_proj.weight"), name=f"L{L}.v_proj")
         gate = g.add("linear", x, self.W(f"{p}.gate_proj.weight"), name=f"L{L}.gate_proj")
-        q = g.add("reshape", q, shape=(T, d.heads, hd))
-        k = g.add("reshape", k, shape=(T, d.kv_heads, hd))
-        v = g.add("reshape", v, shape=(T, d.kv_heads, hd))
+        q = g.add("reshape", q, shape=(T, d.heads, hd), name="q_heads")
+        k = g.add("reshape", k, shape=(T, d.kv_heads, hd), name="k_heads")
+        v = g.add("reshape", v, shape=(T, d.kv_heads, hd), name="v_heads")
         q = g.add("rmsnorm", q, self.W(f"{p}.q_norm.weight"), eps=a.qk_norm.eps, name=f"L{L}.q_norm")
         k = g.add("rmsnorm", k, self.W(f"{p}.k_norm.weight"), eps=a.qk_norm.eps, name=f"L{L}.k_norm")
         if sliding:
@@ -142,12 +142,12 @@ class _Lowerer:
         o = g.add("attention", q, kc, vc, self.slot, self.pos, window=a.sliding.window if sliding else None,
                   scale=hd ** -0.5, name=f"L{L}.attn")
         # output gate: sigmoid(gate_proj(x) + gate_bias[head]) * o, each step rounding as transformers does
-        gate = g.add("reshape", gate, shape=(T, d.heads, hd))
-        bias = g.add("reshape", self.W(f"{p}.gate_bias"), shape=(d.heads, 1))
+        gate = g.add("reshape", gate, shape=(T, d.heads, hd), name="gate_heads")
+        bias = g.add("reshape", self.W(f"{p}.gate_bias"), shape=(d.heads, 1), name="gate_bias_heads")
         gate = g.add("add", gate, bias, name=f"L{L}.gate_bias")
         gate = g.add("sigmoid", gate, name=f"L{L}.gate_sigmoid")
         o = g.add("mul", o, gate, name=f"L{L}.gate_mul")
-        o = g.add("reshape", o, shape=(T, d.heads * hd))
+        o = g.add("reshape", o, shape=(T, d.heads * hd), name="attn_flat")
         o = g.add("linear", o, self.W(f"{p}.o_proj.weight"), name=f"L{L}.o_proj")
         return self.reduce(o, f"L{L}.attn_allreduce")
 
