@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, rank_dims, shard_range
+from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, rank_dims, rank_shape
 from beamc.errors import ensure_dir
 from beamc.ir.graph import Graph
 from beamc.ir.lower import LowerOptions, layer_kind, lower
@@ -46,11 +46,7 @@ def param_counts(spec: ModelSpec, tp: int = 1, rank: int = 0) -> ParamCounts:
     total = active = 0
     nbytes = 0.0
     for t in infos:
-        shape = list(t.shape)
-        r = shard_range(spec, t, tp, rank)
-        if r is not None:
-            shape[r[0]] = r[2] - r[1]
-        n = _numel(shape)
+        n = _numel(rank_shape(spec, t, tp, rank))
         by_group[t.group] += n
         total += n
         active += n * m.top_k // m.num_experts if t.group == "experts" else n

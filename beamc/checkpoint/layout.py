@@ -182,6 +182,15 @@ def shard_range(spec: ModelSpec, info: TensorInfo, tp: int, rank: int, packed: i
     return d, head * per_head, (head + 1) * per_head
 
 
+def rank_shape(spec: ModelSpec, info: TensorInfo, tp: int, rank: int) -> tuple[int, ...]:
+    """The shape of this rank's slice of a tensor."""
+    shape = list(info.shape)
+    r = shard_range(spec, info, tp, rank)
+    if r is not None:
+        shape[r[0]] = r[2] - r[1]
+    return tuple(shape)
+
+
 @dataclass(frozen=True)
 class RankDims:
     """One tensor-parallel rank's share of every split dimension."""

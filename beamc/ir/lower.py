@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, layer_prefix, rank_dims, shard_range
+from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, layer_prefix, rank_dims, rank_shape
 from beamc.errors import BeamcError
 from beamc.ir.graph import Graph, Value
 from beamc.spec.schema import ModelSpec
@@ -50,14 +50,10 @@ class _Lowerer:
         if name in self._params:
             return self._params[name]
         info = info or self.infos[name]
-        shape = list(info.shape)
-        r = shard_range(self.spec, info, self.opt.tp, self.opt.rank)
-        if r is not None:
-            d, lo, hi = r
-            shape[d] = hi - lo
+        shape = rank_shape(self.spec, info, self.opt.tp, self.opt.rank)
         storage = info.dtype
         dtype = "f32" if (self.f32 or storage == "float32") else (ACT.get(storage) or self.act)
-        v = self.g.param(name, tuple(shape), dtype, storage=storage, group=info.group)
+        v = self.g.param(name, shape, dtype, storage=storage, group=info.group)
         self._params[name] = v
         return v
 

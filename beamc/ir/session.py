@@ -6,7 +6,6 @@ slot. Sliding layers keep a ring of `window - 1 + max_chunk` positions, full lay
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -14,16 +13,10 @@ import torch
 
 from beamc.errors import BeamcError
 from beamc.ir.graph import Graph
-from beamc.ir.interpret import Interpreter, alloc_states
-from beamc.ir.lower import LowerOptions, lower
+from beamc.ir.interpret import Interpreter, alloc_states, with_packed_weights
 from beamc.ir.verify import verify
+from beamc.passes.manager import compiled_graphs
 from beamc.spec.schema import ModelSpec
-
-
-@dataclass
-class StepResult:
-    logits: torch.Tensor  # [T, V] fp32, rows in the order tokens were given
-    slots: list[int]
 
 
 class ReferenceSession:
@@ -32,14 +25,13 @@ class ReferenceSession:
                  max_chunk: int = 256, device: str = "cpu", graphs: dict[str, list[Graph]] | None = None):
         self.spec, self.tp, self.device = spec, tp, device
         self.max_seqs, self.max_len, self.max_chunk = max_seqs, max_len, max_chunk
-        self.graphs = graphs or {
-            phase: [lower(spec, LowerOptions(phase=phase, tp=tp, rank=r, dtype=dtype)) for r in range(tp)]
-            for phase in ("prefill", "decode")
-        }
-        for gs in self.graphs.values():
+        self.graphs = graphs = graphs or compiled_graphs(spec, tp=tp, dtype=dtype)
+        for gs in graphs.values():
             for g in gs:
                 verify(g)
-        self.interp = {k: Interpreter(gs, weights) for k, gs in self.graphs.items()}
+        # the load-time weight plan (packed params) is the same for both phases: build it once
+        weights = [with_packed_weights(g, w) for g, w in zip(graphs["prefill"], weights)]
+        self.interp = {k: Interpreter(gs, weights) for k, gs in graphs.items()}
         cs = min(max_len, spec.attention.sliding.window - 1 + max_chunk)
         sizes = {"S": max_seqs, "Cs": cs, "Cf": max_len}
         self.states = [alloc_states(g, sizes, device) for g in self.graphs["prefill"]]
@@ -57,7 +49,8 @@ class ReferenceSession:
     def reset(self, slot: int) -> None:
         self.lengths[slot] = 0
 
-    def _step(self, phase: str, chunks: list[tuple[int, list[int]]]) -> StepResult:
+    def _step(self, phase: str, chunks: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Logits [T, V] (fp32), rows in the order the tokens were given."""
         ids, pos, slots = [], [], []
         for slot, toks in chunks:
             if not 0 <= slot < self.max_seqs:
@@ -84,14 +77,12 @@ class ReferenceSession:
         out = self.interp[phase].run(inputs, self.states)[0]["logits"]
         for slot, toks in chunks:
             self.lengths[slot] += len(toks)
-        return StepResult(out, slots)
+        return out
 
     def prefill(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
         """Append each chunk to its slot; returns per-chunk logits [n_i, V]."""
-        res = self._step("prefill", chunks)
-        sizes = [len(t) for _, t in chunks]
-        return list(res.logits.split(sizes))
+        return list(self._step("prefill", chunks).split([len(t) for _, t in chunks]))
 
     def decode(self, tokens: dict[int, int]) -> torch.Tensor:
         """One token for each named slot; returns logits [B, V] in the dict's order."""
-        return self._step("decode", [(s, [t]) for s, t in tokens.items()]).logits
+        return self._step("decode", [(s, [t]) for s, t in tokens.items()])
