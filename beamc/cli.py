@@ -10,8 +10,13 @@ from beamc.errors import BeamcError
 
 
 def _cmd_compile(args: argparse.Namespace) -> None:
+    from beamc.errors import check_output_dir
     from beamc.report import compile_command
 
+    if args.dump_ir:
+        check_output_dir(args.dump_ir, "--dump-ir")  # before any work, not after the graphs are built
+    if getattr(args, "output", None):
+        check_output_dir(args.output, "-o")
     compile_command(args)
 
 
@@ -24,13 +29,29 @@ def _cmd_import_hf(args: argparse.Namespace) -> None:
 def _cmd_init_weights(args: argparse.Namespace) -> None:
     from beamc.checkpoint.init import init_weights
 
-    init_weights(args.spec, args.output, seed=args.seed, experts=args.experts, force=args.force)
+    out = init_weights(args.spec, args.output, seed=args.seed, experts=args.experts, force=args.force,
+                       overwrite=args.overwrite)
+    # init_weights removes the files of an earlier checkpoint first, so these are the ones it wrote
+    written = [f for f in sorted(out.iterdir()) if f.is_file() and (f.suffix == ".safetensors" or f.name in (
+        "config.json", "hf_quant_config.json", "model.safetensors.index.json"))]
+    size = sum(f.stat().st_size for f in written)
+    tensors = sum(f.suffix == ".safetensors" for f in written)
+    experts = "nvfp4" if (out / "hf_quant_config.json").is_file() else "bf16"
+    print(f"wrote {out}: {len(written)} files ({tensors} safetensors), {_size(size)}, experts {experts}")
 
 
 def _cmd_logits(args: argparse.Namespace) -> None:
     from beamc.logits import logits_command
 
     logits_command(args)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
 
 
 def _pass_flags(p: argparse.ArgumentParser, default: str = "all") -> None:
@@ -45,11 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="parse, validate, lower and verify a spec; print the model summary")
     c.add_argument("spec")
     c.add_argument("--tp", type=int, default=1, help="tensor-parallel size (show one rank's share)")
-    c.add_argument("--rank", type=int, default=0)
+    c.add_argument("--rank", type=int, default=0, help="which tensor-parallel rank to lower, in [0, tp) (default: 0)")
     c.add_argument("--dump-ir", metavar="DIR", help="write the graphs (text and DOT) before and after each pass to DIR")
     _pass_flags(c)
     c.add_argument("--report", action="store_true",
                    help="ops left in one MoE layer of batch-1 decode, and op counts per layer kind per pass")
+    c.add_argument("-o", "--output", metavar="DIR",
+                   help="write the generated package (manifest.json, kernels/*.py, step.py) of --rank to DIR")
+    c.add_argument("--target", choices=["sm90", "sm100"], default="sm90",
+                   help="GPU target of the generated package: sm90 (Hopper, H100/H200) or sm100 (Blackwell)")
     c.set_defaults(fn=_cmd_compile)
 
     h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")
@@ -60,21 +85,25 @@ def _parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("init-weights", help="write a random checkpoint in HF layout")
     w.add_argument("spec")
-    w.add_argument("-o", "--output", required=True)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--experts", choices=["nvfp4", "bf16"], default=None,
+    w.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="checkpoint directory: new or empty (see --overwrite)")
+    w.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    w.add_argument("--experts", choices=["nvfp4", "bf16", "fp16", "fp32"], default=None,
                    help="expert storage (default: the spec's dtypes.experts)")
     w.add_argument("--force", action="store_true", help="write even a checkpoint larger than 64 GiB")
+    w.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty directory, replacing the checkpoint there")
     w.set_defaults(fn=_cmd_init_weights)
 
     lg = sub.add_parser("logits", help="run a ragged prefill (+ decode steps) through the interpreter")
     lg.add_argument("spec")
-    lg.add_argument("--checkpoint", required=True)
+    lg.add_argument("--checkpoint", required=True, metavar="DIR", help="HF checkpoint directory (safetensors)")
     lg.add_argument("--input", required=True, help='JSON: {"sequences": [[ids...], ...], "decode_steps": 0}')
-    lg.add_argument("-o", "--output", required=True)
-    lg.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    lg.add_argument("--tp", type=int, default=1)
-    lg.add_argument("--device", default="cpu")
+    lg.add_argument("-o", "--output", required=True, help="safetensors file to write the logits to")
+    lg.add_argument("--dtype", choices=["f32", "bf16", "fp32"], default="f32",
+                    help="activation dtype, as the IR names it: f32 (logic checks) or bf16 (fp32 is accepted for f32)")
+    lg.add_argument("--tp", type=int, default=1, help="tensor-parallel size (ranks simulated in one process)")
+    lg.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     _pass_flags(lg, default="none")
     lg.set_defaults(fn=_cmd_logits)
     return p

@@ -15,20 +15,35 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from beamc.errors import BeamcError, ensure_dir
-from beamc.ir.session import ReferenceSession
-from beamc.passes.manager import compiled_graphs, select_passes
+from beamc.checkpoint.layout import check_tp
+from beamc.checkpoint.loader import INDEX_NAME, check_checkpoint, checkpoint_files
+from beamc.compiler import compile_graphs
+from beamc.errors import BeamcError, check_output_file, check_readable, ensure_dir, read_error
+from beamc.ir.dtypes import ir_dtype
+from beamc.passes.manager import select_passes
+from beamc.runtime.session import ReferenceSession
 from beamc.spec import load_spec
+
+MAX_INPUT_BYTES = 64 << 20  # a batch file of token ids; anything larger is a wrong path
+DEVICE_FORMS = "cpu, cuda or cuda:N"
 
 
 def read_batch(path: str | Path, vocab: int) -> tuple[list[list[int]], int]:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise BeamcError(str(p), "input file not found")
+    check_readable(p, "--input")
+    if p.stat().st_size > MAX_INPUT_BYTES:
+        raise BeamcError("--input", f"{p} is {p.stat().st_size} bytes, more than the {MAX_INPUT_BYTES >> 20} MiB "
+                         "limit for a batch file")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise BeamcError(f"{p}:{e.lineno}", f"not valid JSON: {e.msg}") from None
+    except UnicodeDecodeError:
+        raise BeamcError(str(p), "not a UTF-8 text file; expected JSON") from None
+    except OSError as e:
+        raise read_error(p, e, "--input") from None
     if isinstance(data, list):
         data = {"sequences": data}
     if not isinstance(data, dict) or not isinstance(data.get("sequences"), list) or not data["sequences"]:
@@ -72,21 +87,55 @@ def run_logits(spec, ckpt, seqs: list[list[int]], steps: int, *, dtype: str = "f
     return out
 
 
+def check_device(device: str) -> torch.device:
+    """`--device` as a torch.device, or one BeamcError naming the valid forms (cpu, cuda, cuda:N)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise BeamcError("--device", f"unknown device {device!r}", f"use {DEVICE_FORMS}") from None
+    if d.type == "cpu":
+        return d
+    if d.type != "cuda":
+        raise BeamcError("--device", f"{device!r} is not supported", f"use {DEVICE_FORMS}")
+    if not torch.cuda.is_available():
+        raise BeamcError("--device", f"{device} requested but CUDA is not available", "use --device cpu")
+    n = torch.cuda.device_count()
+    if d.index is not None and d.index >= n:
+        raise BeamcError("--device", f"{device} does not exist: this machine has {n} CUDA device(s)",
+                         f"use cpu, cuda or cuda:0..cuda:{n - 1}")
+    return d
+
+
+def check_checkpoint_readable(spec, ckpt: str | Path) -> None:
+    """Every file of the checkpoint can be opened, and its headers match the spec: checked before any compute."""
+    d = Path(ckpt)
+    for name in ("config.json", INDEX_NAME):
+        if (d / name).exists():
+            check_readable(d / name, "--checkpoint")
+    for f in checkpoint_files(d):
+        check_readable(f, "--checkpoint")
+    check_checkpoint(spec, d)
+
+
 def logits_command(args: argparse.Namespace) -> None:
+    # Every argument is checked before anything is computed: device, output path, spec, tp, batch, checkpoint.
+    check_device(args.device)
+    check_output_file(args.output, "-o")
     spec = load_spec(args.spec)
-    seqs, steps = read_batch(args.input, spec.vocab_size)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise BeamcError("--device", f"{args.device} requested but CUDA is not available", "use --device cpu")
-    dtype = "f32" if args.dtype == "fp32" else "bf16"
+    check_tp(spec, args.tp)
     names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
-    graphs = compiled_graphs(spec, tp=args.tp, dtype=dtype, passes=names)
+    seqs, steps = read_batch(args.input, spec.vocab_size)
+    check_checkpoint_readable(spec, args.checkpoint)
+    dtype = ir_dtype(args.dtype)
+    graphs = compile_graphs(spec, tp=args.tp, dtype=dtype, passes=names)
     out = run_logits(spec, args.checkpoint, seqs, steps, dtype=dtype, tp=args.tp, device=args.device, graphs=graphs)
-    meta = {"spec": spec.name, "dtype": args.dtype, "tp": str(args.tp), "backend": "interpreter",
+    meta = {"spec": spec.name, "dtype": dtype, "tp": str(args.tp), "backend": "interpreter",
             "passes": ",".join(names) or "none"}
     ensure_dir(Path(args.output).parent, "-o")
     try:
         save_file(out, args.output, metadata=meta)
-    except OSError as e:
-        raise BeamcError("-o", f"cannot write {args.output}: {e.strerror}", "choose another path") from None
+    except Exception as e:  # safetensors raises its own SafetensorError, not OSError, for I/O failures
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [repr(e)])[0]
+        raise BeamcError("-o", f"cannot write {args.output}: {reason}", "choose another path") from None
     print(f"wrote {args.output}: {len(seqs)} sequences ({sum(map(len, seqs))} prefill tokens), "
-          f"{steps} decode steps, {args.dtype}, tp {args.tp}, passes: {meta['passes']}")
+          f"{steps} decode steps, {dtype}, tp {args.tp}, passes: {meta['passes']}")

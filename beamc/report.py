@@ -7,19 +7,18 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, rank_dims, rank_shape
-from beamc.errors import ensure_dir
+from beamc.checkpoint.layout import TensorInfo, graph_params, rank_dims, rank_shape
+from beamc.compiler import compile_spec
+from beamc.ir import dtypes
 from beamc.ir.graph import Graph
-from beamc.ir.lower import LowerOptions, layer_kind, lower
-from beamc.ir.printer import to_dot, to_text
+from beamc.ir.lower import layer_kind
 from beamc.ir.ops import OPS
-from beamc.ir.verify import verify
-from beamc.passes.manager import run_passes, select_passes
+from beamc.passes.manager import select_passes
 from beamc.spec import load_spec
 from beamc.spec.schema import ModelSpec
 
 GiB, KiB = 1 << 30, 1 << 10
-STORAGE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "nvfp4": 0.5 + 1 / 16}
+# bytes per stored element of each graph param dtype (NVFP4: uint8 codes, two a byte, and e4m3/fp32 scales)
 
 
 @dataclass
@@ -38,29 +37,28 @@ def _numel(shape) -> int:
 
 
 def param_counts(spec: ModelSpec, tp: int = 1, rank: int = 0) -> ParamCounts:
-    """Logical parameters (NVFP4 counts one per weight, scales excluded), total and active per token, for one
-    rank's share when tp > 1. Active = everything except the experts a token does not route to."""
-    infos = file_tensors_graph(spec)
+    """Logical parameters (an NVFP4 weight counts its values, two a stored byte; scales excluded), total and active
+    per token, for one rank's share when tp > 1; and the bytes they are stored in, scales included.
+    Active = everything except the experts a token does not route to."""
     m = spec.mlp.moe
     by_group: Counter = Counter()
     total = active = 0
     nbytes = 0.0
-    for t in infos:
+    for t in file_tensors_graph(spec):
         n = _numel(rank_shape(spec, t, tp, rank))
+        nbytes += n * dtypes.nbytes(dtypes.ir_dtype(t.dtype))
+        if t.group == "kv_scales" or t.name.endswith(("weight_scale", "weight_scale_2")):
+            continue  # scales: storage, not parameters
+        n *= 2 if t.dtype == "uint8" else 1  # packed E2M1 codes
         by_group[t.group] += n
         total += n
         active += n * m.top_k // m.num_experts if t.group == "experts" else n
-        nbytes += n * STORAGE_BYTES.get(t.dtype, 2.0)
     return ParamCounts(total, active, dict(by_group), nbytes)
 
 
 def file_tensors_graph(spec: ModelSpec) -> list[TensorInfo]:
-    """Tensors as the graph sees them: experts stacked, everything else as in the files."""
-    out = file_tensors(spec, experts=False)
-    for L, mlp in enumerate(spec.mlp_types):
-        if mlp == "sparse":
-            out += expert_graph_params(spec, L)
-    return out
+    """Tensors as the graph sees them: experts stacked (NVFP4 in storage format), everything else as in the files."""
+    return graph_params(spec)
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str, tp: int = 1) -> tuple[int, int]:
@@ -187,16 +185,9 @@ def _by_rule(counts) -> dict[str, int]:
 def compile_command(args: argparse.Namespace) -> None:
     spec = load_spec(args.spec)
     names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
-    graphs = {phase: lower(spec, LowerOptions(phase=phase, tp=args.tp, rank=args.rank))
-              for phase in ("prefill", "decode")}
-    reports = {}
-    for phase, g in graphs.items():
-        verify(g)
-        dump = ensure_dir(Path(args.dump_ir) / phase, "--dump-ir") if args.dump_ir else None
-        if dump:
-            (dump / "lowered.txt").write_text(to_text(g))
-            (dump / "lowered.dot").write_text(to_dot(g))
-        reports[phase] = run_passes([g], names, dump_dir=dump)
+    compiled = compile_spec(spec, tp=args.tp, ranks=[args.rank], passes=names, dump_dir=args.dump_ir)
+    graphs = {phase: gs[0] for phase, gs in compiled.graphs.items()}
+    reports = compiled.reports
     print(summary(spec, args.tp, args.rank, graphs))
     print(f"  passes: {', '.join(names) or 'none'}")
     for name in names:
@@ -205,3 +196,17 @@ def compile_command(args: argparse.Namespace) -> None:
               else f"    {name:<20} no match")
     if args.report:
         print(pass_report(spec, graphs["decode"], reports["decode"]))
+    if getattr(args, "output", None):
+        from beamc.codegen.package import compile_package
+
+        pkg = compile_package(spec, target=args.target, tp=args.tp, rank=args.rank, passes=names)
+        out = pkg.write(args.output)
+        lib = sum(1 for st in pkg.steps.values() for _, ln in st.launches if ln.kernel is None and ln.library != "view")
+        print(f"wrote {out}: {len(pkg.kernels)} generated kernels ({args.target}), step.py "
+              f"({', '.join(f'{p} {len(s.launches)} launches' for p, s in pkg.steps.items())}; {lib} library calls), "
+              "manifest.json")
+    if args.dump_ir:
+        dirs = [Path(args.dump_ir) / phase for phase in graphs]
+        n = sum(1 for d in dirs for f in d.iterdir() if f.is_file())
+        print(f"wrote IR dumps to {', '.join(map(str, dirs))}: {n} files (text and DOT, lowered and before/after "
+              "each pass)")

@@ -67,7 +67,7 @@ def register_beamc_attention() -> str:
     isolates everything else: with it, transformers and the interpreter run identical attention arithmetic."""
     from transformers import AttentionInterface
 
-    from beamc.ir.ops import attention_ref
+    from beamc.ir.reference import attention_ref
 
     def beamc_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, sliding_window=None, **kw):
         assert query.shape[0] == 1, "one unpadded sequence per call"
@@ -76,7 +76,7 @@ def register_beamc_attention() -> str:
         kc = key[0].transpose(0, 1).contiguous()[None]  # a one-slot cache holding positions 0..S-1
         vc = value[0].transpose(0, 1).contiguous()[None]
         pos = torch.arange(S, device=query.device)
-        out = attention_ref(q, kc, vc, torch.zeros_like(pos), pos, sliding_window, scaling)
+        out = attention_ref(q, kc, vc, torch.zeros_like(pos), pos, window=sliding_window, scale=scaling)
         return out[None], None
 
     AttentionInterface.register("beamc_ref", beamc_attention)

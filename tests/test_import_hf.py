@@ -11,7 +11,8 @@ import pytest
 from beamc.cli import main
 from beamc.errors import BeamcError
 from beamc.spec import ModelSpec, load_spec
-from beamc.spec.hf import HF_DEFAULTS, hf_config_to_spec, import_hf, spec_to_hf_config, spec_to_yaml
+from beamc.spec.hf import (HF_DEFAULTS, config_mismatches, hf_config_to_spec, import_hf, spec_to_hf_config,
+                           spec_to_yaml)
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 SPECS = ["beam.yaml", "beam-tiny.yaml"]
@@ -96,18 +97,47 @@ def test_field_mapping():
     assert spec.norm.eps == spec.attention.qk_norm.eps == 1e-5
     assert spec.logits.softcap is None and spec.logits.tie_word_embeddings
     assert spec.dtypes.activations == spec.dtypes.lm_head == spec.dtypes.embeddings == "float16"
-    assert spec.dtypes.experts == "bfloat16" and spec.dtypes.kv_cache == "fp8"
+    assert spec.dtypes.experts == "float16" and spec.dtypes.kv_cache == "fp8"  # unquantized: the checkpoint dtype
     assert spec.attention.sliding.rope.theta == 1e6 and spec.attention.sliding.window == 1024
     assert (spec.mlp.moe.top_k, spec.mlp.moe.renormalize, spec.mlp.moe.routed_scaling) == (6, False, 1.5)
     assert "softcap: null" in spec_to_yaml(spec)
 
 
-def test_fp8_kv_cache_round_trip():
+@pytest.mark.parametrize("experts", ["nvfp4", "bfloat16"])
+def test_fp8_kv_cache_round_trip(experts):
+    """An FP8 KV cache is written to quantization_config even when the experts are not quantized."""
     tiny = load_spec(MODELS / "beam-tiny.yaml")
-    spec = tiny.model_copy(update={"dtypes": tiny.dtypes.model_copy(update={"kv_cache": "fp8"})})
+    spec = tiny.model_copy(update={"dtypes": tiny.dtypes.model_copy(update={"kv_cache": "fp8", "experts": experts})})
     cfg = spec_to_hf_config(spec)
     assert cfg["quantization_config"]["kv_cache_quant_algo"] == "FP8"
+    assert cfg["quantization_config"]["quant_algo"] == ("NVFP4" if experts == "nvfp4" else None)
     assert hf_config_to_spec(cfg, spec.name) == spec
+
+
+@pytest.mark.parametrize("cfg, experts, rest", [
+    ({}, "bfloat16", "bfloat16"),
+    ({"dtype": "float32"}, "float32", "float32"),
+    ({"torch_dtype": "float16"}, "float16", "float16"),
+    ({"dtype": "float32", "quantization_config": {
+        "quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": [
+            "lm_head", "model.embed_tokens", "model.layers.*.self_attn*", "model.layers.*.mlp.gate",
+            "model.layers.[012].mlp*"]}},
+     "nvfp4", "float32"),
+])
+def test_unquantized_experts_take_the_checkpoint_dtype(cfg, experts, rest):
+    d = hf_config_to_spec(cfg, "x").dtypes
+    assert d.experts == experts
+    assert d.activations == d.embeddings == d.attention_weights == d.dense_mlp_weights == d.norm_weights == rest
+
+
+def test_config_mismatches_of_own_config_are_none():
+    """What spec_to_hf_config writes agrees with the spec, also for a spec config.json cannot fully describe
+    (norms stored in fp32: config.json has one dtype, the loader checks each tensor's)."""
+    for name in SPECS:
+        spec = load_spec(MODELS / name)
+        assert config_mismatches(spec, spec_to_hf_config(spec)) == []
+        mixed = spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update={"norm_weights": "float32"})})
+        assert config_mismatches(mixed, spec_to_hf_config(spec)) == []
 
 
 def test_layer_types_that_fit_a_rule_become_the_rule():

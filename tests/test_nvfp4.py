@@ -69,3 +69,23 @@ def test_quantize_zero_matrix():
     packed, scale, scale_2 = nvfp4.quantize(torch.zeros(2, 32))
     assert torch.isfinite(scale.float()).all() and torch.isfinite(scale_2)
     assert torch.equal(nvfp4.dequantize(packed, scale, scale_2), torch.zeros(2, 32))
+
+
+def test_dequantize_stacked_matches_per_matrix_dequantize():
+    """A stack of E experts, each the concatenation of `parts` separately quantised matrices (gate and up), in the
+    graph's layout: scale_2 [E, parts] gives each block of rows its own global scale."""
+    g = torch.Generator().manual_seed(2)
+    E, N, K = 3, 8, 64
+    for parts in (1, 2):
+        mats = [[(torch.randn(N, K, generator=g) * 10 ** (e - j)).to(torch.bfloat16) for j in range(parts)]
+                for e in range(E)]
+        q = [[nvfp4.quantize(m) for m in row] for row in mats]  # (packed, scale, scale_2) per matrix
+        packed = torch.stack([torch.cat([x[0] for x in row]) for row in q])
+        scale = torch.stack([torch.cat([x[1] for x in row]) for row in q])
+        scale_2 = torch.stack([torch.stack([x[2] for x in row]) for row in q])
+        assert (packed.shape, scale.shape, scale_2.shape) == ((E, parts * N, K // 2), (E, parts * N, K // 16),
+                                                              (E, parts))
+        want = torch.stack([torch.cat([nvfp4.dequantize(*x) for x in row]) for row in q])
+        got = nvfp4.dequantize_stacked(packed, scale, scale_2)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+        assert len({x[2].item() for row in q for x in row}) == E * parts  # the global scales all differ

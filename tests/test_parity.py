@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from beamc.ir.session import ReferenceSession
+from beamc.runtime.session import ReferenceSession
 from conftest import hf_logits, hf_model, register_beamc_attention, rel_err
 
 LENS = (57, 33, 70)  # ragged; 57 and 70 exceed three windows of 16
@@ -62,19 +62,31 @@ def test_bf16_against_transformers_sdpa_statistically(tiny_spec_bf16, tiny_ckpt)
 
 
 def test_nvfp4_experts_reference_is_their_dequantised_values(tiny_spec, tiny_ckpt_nvfp4):
-    """An NVFP4 checkpoint runs with its dequantised experts: transformers given the loader's dequantised weights
-    (fp32) produces the interpreter's logits."""
+    """An NVFP4 checkpoint runs with its dequantised experts: the interpreter reads the stored codes and scales, and
+    transformers given the dequantised weights (fp32) produces the same logits."""
     from transformers import BeamConfig, BeamForCausalLM
 
+    from beamc.checkpoint.layout import expert_graph_params
     from beamc.checkpoint.loader import load_rank_weights
+    from beamc.checkpoint.nvfp4 import dequantize_stacked
     from beamc.spec.hf import spec_to_hf_config
 
     weights = load_rank_weights(tiny_spec, tiny_ckpt_nvfp4, dtype=torch.float32)
+    hf_weights = dict(weights)
+    for L, kind in enumerate(tiny_spec.mlp_types):
+        if kind == "sparse":
+            names = [t.name for t in expert_graph_params(tiny_spec, L)]
+            assert weights[names[0]].dtype == torch.uint8  # stored form, not dequantised
+            for proj, (w, s, s2) in zip(("gate_up_proj", "down_proj"), (names[:3], names[3:])):
+                for n in (w, s, s2):
+                    hf_weights.pop(n)
+                hf_weights[f"model.layers.{L}.mlp.experts.{proj}"] = dequantize_stacked(weights[w], weights[s],
+                                                                                        weights[s2])
     cfg = spec_to_hf_config(tiny_spec)
     cfg.pop("quantization_config")
     model = BeamForCausalLM(BeamConfig(**cfg)).float().eval()
-    model.load_state_dict(weights, strict=False)
-    missing = set(model.state_dict()) - set(weights)
+    model.load_state_dict(hf_weights, strict=False)
+    missing = set(model.state_dict()) - set(hf_weights)
     assert not [k for k in missing if "rotary" not in k]
     seq = _seqs(tiny_spec.vocab_size, 4, (50,))[0]
     sess = ReferenceSession(tiny_spec, [weights], dtype="f32", max_len=64, max_chunk=64)

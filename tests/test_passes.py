@@ -15,9 +15,10 @@ from beamc.errors import BeamcError
 from beamc.ir.graph import Graph
 from beamc.ir.lower import LowerOptions, lower
 from beamc.ir.printer import to_text
-from beamc.ir.session import ReferenceSession
+from beamc.runtime.session import ReferenceSession
 from beamc.ir.verify import verify
-from beamc.passes.manager import PASSES, compiled_graphs, run_passes, select_passes
+from beamc.compiler import compile_graphs
+from beamc.passes.manager import PASSES, run_passes, select_passes
 from beamc.passes.rewrite import Pat, Rule, rewrite
 from beamc.spec import load_spec
 
@@ -139,7 +140,7 @@ def rank_weights(tiny_spec, tiny_ckpt_nvfp4):
 
 def _run(spec, weights, tp, dtype, passes) -> list[torch.Tensor]:
     """A ragged prefill across the window (24 > 16 tokens) followed by two decode steps."""
-    graphs = compiled_graphs(spec, tp=tp, dtype=dtype, passes=passes)
+    graphs = compile_graphs(spec, tp=tp, dtype=dtype, passes=passes)
     sess = ReferenceSession(spec, weights, tp=tp, dtype=dtype, max_len=32, max_chunk=24, graphs=graphs)
     g = torch.Generator().manual_seed(7)
     a, b = (torch.randint(0, spec.vocab_size, (n,), generator=g).tolist() for n in (24, 13))

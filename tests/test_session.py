@@ -6,7 +6,7 @@ import torch
 
 from beamc.checkpoint.loader import load_rank_weights
 from beamc.errors import BeamcError
-from beamc.ir.session import ReferenceSession
+from beamc.runtime.session import ReferenceSession
 from conftest import rel_err
 
 
@@ -105,20 +105,10 @@ def test_fp8_kv_cache_stores_e4m3_within_its_precision(tiny_spec, tiny_ckpt_nvfp
     assert torch.isfinite(logits["fp8"]).all()
 
 
-def test_a_cache_too_small_for_the_step_is_an_error_not_a_wrong_result(tiny_spec, weights_f32):
-    from beamc.ir.interpret import Interpreter, alloc_states
-    from beamc.ir.lower import LowerOptions, lower
-
-    g = lower(tiny_spec, LowerOptions(dtype="f32"))
-    states = [alloc_states(g, {"S": 1, "Cs": 20, "Cf": 64})]  # 20 < window 16 - 1 + chunk 30
-    inputs = {"input_ids": torch.arange(30), "positions": torch.arange(30), "slots": torch.zeros(30, dtype=torch.long)}
-    with pytest.raises(BeamcError, match="slot 0 needs positions 0..29 but the cache holds 20"):
-        Interpreter([g], weights_f32[1]).run(inputs, states)
-
-
 def test_last_row_logits_graph_equals_the_rows_of_the_full_one(tiny_spec, weights_f32):
     """LowerOptions(logits="last"): only the rows named by `logit_rows` (a serving step's last tokens) reach lm_head."""
-    from beamc.ir.interpret import Interpreter, alloc_states
+    from beamc.runtime.interpret import Interpreter
+    from beamc.runtime.kv_cache import alloc_states
     from beamc.ir.lower import LowerOptions, lower
 
     ids = _ids(tiny_spec.vocab_size, 30, 9)

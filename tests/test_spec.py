@@ -44,8 +44,9 @@ def test_beam_tiny_spec_loads():
 def test_explicit_lists_equal_the_rule(tmp_path):
     rule = load_spec(MODELS / "beam-tiny.yaml")
     p = tmp_path / "s.yaml"
-    p.write_text(f"name: x\nnum_layers: 8\nlayers:\n  attention: {rule.attention_types}\n  mlp: {rule.mlp_types}\n")
-    explicit = load_spec(p)
+    data = rule.model_dump()
+    data["layers"] = {"attention": rule.attention_types, "mlp": rule.mlp_types}
+    explicit = parse_spec(data)
     assert explicit.attention_types == rule.attention_types and explicit.mlp_types == rule.mlp_types
 
 
@@ -133,7 +134,7 @@ def test_several_problems_one_line_each(tmp_path):
         "  F:2: hidden_size: expected an integer, got 'big'",
         "  F:4: attention.num_head: unknown key; did you mean 'num_heads'? (allowed here: num_heads, num_kv_heads, "
         "head_dim, bias, softmax_scale, softmax_dtype, qk_norm, output_gate, sliding, full)",
-        "  F:5: dtypes.experts: expected one of 'nvfp4', 'bfloat16'; got 'int4'",
+        "  F:5: dtypes.experts: expected one of 'nvfp4', 'bfloat16', 'float16', 'float32'; got 'int4'",
     ]
 
 
@@ -276,4 +277,28 @@ def test_parse_spec_without_text_has_no_line():
     with pytest.raises(BeamcError) as ei:
         parse_spec({"name": "x", "vocab_size": 0})
     assert str(ei.value) == "<spec>: vocab_size: must be > 0, got 0"
-    assert isinstance(parse_spec({"name": "x"}), ModelSpec)
+    full = load_spec(MODELS / "beam-tiny.yaml").model_dump()
+    assert isinstance(parse_spec(full), ModelSpec)
+
+
+@pytest.mark.parametrize("path", [("vocab_size",), ("hidden_size",), ("attention", "num_heads"),
+                                  ("mlp", "moe", "num_experts"), ("attention", "sliding", "window")])
+def test_model_dimensions_are_never_implied(tmp_path, path):
+    """A spec that leaves out a dimension is refused, not silently given the 501B model's value."""
+    import yaml
+
+    data = yaml.safe_load((MODELS / "beam-tiny.yaml").read_text())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    msg = load_error(tmp_path, yaml.safe_dump(data, sort_keys=False))
+    assert f"{'.'.join(path)}: a model dimension, required (no default is implied); add `{path[-1]}: ...`" in msg
+    assert msg.count("\n") == 0
+
+
+def test_a_moe_free_spec_needs_no_expert_dimensions():
+    data = load_spec(MODELS / "beam-tiny.yaml").model_dump()
+    data["layers"]["dense_first"] = data["num_layers"]
+    del data["mlp"]["moe"]
+    assert parse_spec(data).mlp_types == ["dense"] * data["num_layers"]

@@ -2,8 +2,9 @@
 
 The output is what `transformers.BeamForCausalLM.save_pretrained` (bf16 experts) or ModelOpt's export (NVFP4
 experts) writes: config.json, safetensors with the names of `layout.file_tensors`, sharded with
-`model.safetensors.index.json` when large, and hf_quant_config.json for NVFP4. Values are random but never trivial
-(norm weights are not all ones, biases are not zero) so that tests comparing implementations exercise every tensor.
+`model.safetensors.index.json` when large, and hf_quant_config.json for NVFP4 or an FP8 KV cache (whose per-layer
+k_scale / v_scale it writes too). Values are random but never trivial (norm weights are not all ones, biases are not
+zero) so that tests comparing implementations exercise every tensor.
 """
 from __future__ import annotations
 
@@ -16,21 +17,27 @@ import torch
 from safetensors.torch import save_file
 
 from beamc.checkpoint import nvfp4
-from beamc.checkpoint.layout import TensorInfo, file_tensors
-from beamc.errors import BeamcError
-from beamc.spec.hf import nvfp4_quant_config, spec_to_hf_config
+from beamc.checkpoint.layout import TensorInfo, file_tensors, kv_scale_params
+from beamc.errors import BeamcError, check_output_dir, ensure_dir
+from beamc.spec.hf import spec_to_hf_config
 from beamc.spec.load import load_spec, parse_spec
 from beamc.spec.schema import ModelSpec
 
 GiB = 1024**3
 MAX_BYTES = 64 * GiB
 INDEX_NAME = "model.safetensors.index.json"
-_EXPERTS = {None: None, "nvfp4": "nvfp4", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+_EXPERTS = {None: None, "nvfp4": "nvfp4", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
+            "float16": "float16", "fp32": "float32", "float32": "float32"}
+
+
+def written_tensors(spec: ModelSpec) -> list[TensorInfo]:
+    """What init-weights writes: `file_tensors`, then the KV scales of an fp8 KV cache (optional in checkpoints)."""
+    return file_tensors(spec) + [t for L in range(spec.num_layers) for t in kv_scale_params(spec, L)]
 
 
 def checkpoint_bytes(spec: ModelSpec) -> int:
     """Size of the tensors of a checkpoint, from shapes alone (nothing is allocated)."""
-    return sum(_nbytes(t) for t in file_tensors(spec))
+    return sum(_nbytes(t) for t in written_tensors(spec))
 
 
 def _nbytes(t: TensorInfo) -> int:
@@ -38,9 +45,10 @@ def _nbytes(t: TensorInfo) -> int:
 
 
 def with_experts(spec: ModelSpec, experts: str | None) -> ModelSpec:
-    """The spec with dtypes.experts overridden ('nvfp4' | 'bf16'), re-validated (NVFP4 needs d_ff % 16 == 0)."""
+    """The spec with dtypes.experts overridden ('nvfp4' | 'bf16' | 'fp16' | 'fp32'), re-validated (NVFP4 needs
+    d_ff % 16 == 0)."""
     if experts not in _EXPERTS:
-        raise BeamcError("--experts", f"must be nvfp4 or bf16, got {experts!r}")
+        raise BeamcError("--experts", f"must be nvfp4, bf16, fp16 or fp32, got {experts!r}")
     if _EXPERTS[experts] is None or _EXPERTS[experts] == spec.dtypes.experts:
         return spec
     data = spec.model_dump()
@@ -49,7 +57,7 @@ def with_experts(spec: ModelSpec, experts: str | None) -> ModelSpec:
 
 
 def _random_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, value) in file_tensors order, drawn from one generator: the values depend on the seed only, not on
+    """(name, value) in written_tensors order, drawn from one generator: the values depend on the seed only, not on
     how the files are sharded."""
     g = torch.Generator().manual_seed(seed)
     std = spec.initializer_range
@@ -58,7 +66,7 @@ def _random_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, torch.Ten
     def normal(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape, generator=g, dtype=torch.float32)
 
-    for t in file_tensors(spec):
+    for t in written_tensors(spec):
         if t.name in pending:
             yield t.name, pending.pop(t.name)
             continue
@@ -81,6 +89,8 @@ def _random_tensors(spec: ModelSpec, seed: int) -> Iterator[tuple[str, torch.Ten
             v = 0.01 * normal(t.shape)  # routing-choice bias, small next to sigmoid scores but changes ties
         elif t.group == "norms":
             v = 1.0 + 0.1 * normal(t.shape)  # RMSNorm weights around one, not exactly one
+        elif t.group == "kv_scales":  # ModelOpt's calibrated amax / 448 (e4m3 max), amax of 2..20
+            v = (2.0 + 18.0 * torch.rand(t.shape, generator=g)) / nvfp4.E4M3_MAX
         else:
             v = normal(t.shape) * std  # like transformers' _init_weights for Linear / Embedding / experts
         yield t.name, v.to(dtype)
@@ -90,7 +100,7 @@ def _plan_shards(spec: ModelSpec, shard_bytes: int) -> list[list[str]]:
     """Names per file, in order, starting a new file when the next tensor would push one past shard_bytes."""
     shards: list[list[str]] = [[]]
     size = 0
-    for t in file_tensors(spec):
+    for t in written_tensors(spec):
         n = _nbytes(t)
         if shards[-1] and size + n > shard_bytes:
             shards.append([])
@@ -101,8 +111,10 @@ def _plan_shards(spec: ModelSpec, shard_bytes: int) -> list[list[str]]:
 
 
 def init_weights(spec_path_or_spec: str | Path | ModelSpec, out_dir: str | Path, seed: int = 0,
-                 experts: str | None = None, force: bool = False, shard_bytes: int = 4 * GiB) -> Path:
-    """Write a random checkpoint of the spec to out_dir; return out_dir."""
+                 experts: str | None = None, force: bool = False, shard_bytes: int = 4 * GiB,
+                 overwrite: bool = False) -> Path:
+    """Write a random checkpoint of the spec to out_dir; return out_dir. A non-empty out_dir is refused unless
+    `overwrite` (then the files of an earlier checkpoint there are replaced)."""
     spec = spec_path_or_spec if isinstance(spec_path_or_spec, ModelSpec) else load_spec(spec_path_or_spec)
     spec = with_experts(spec, experts)
     total = checkpoint_bytes(spec)
@@ -112,18 +124,26 @@ def init_weights(spec_path_or_spec: str | Path | ModelSpec, out_dir: str | Path,
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise BeamcError(str(out), "exists and is not a directory", "choose another -o")
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_dir() and not overwrite:
+        try:
+            used = any(out.iterdir())
+        except OSError as e:
+            raise BeamcError("-o", f"cannot list {out}: {e.strerror or e}", "choose another -o") from None
+        if used:
+            raise BeamcError("-o", f"{out} is not empty", "pass --overwrite to replace the checkpoint in it, or "
+                             "choose another -o")
+    check_output_dir(out, "-o")  # a read-only directory or file system fails here, before any tensor is drawn
+    ensure_dir(out, "-o")
     # Files of an earlier checkpoint here (another shard count) would be read alongside the new ones.
     for old in [*out.glob("model*.safetensors"), out / INDEX_NAME, out / "hf_quant_config.json"]:
         old.unlink(missing_ok=True)
 
-    (out / "config.json").write_text(json.dumps(spec_to_hf_config(spec), indent=2) + "\n")
-    if spec.dtypes.experts == "nvfp4":
-        q = nvfp4_quant_config(spec)
+    cfg = spec_to_hf_config(spec)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    q = cfg.get("quantization_config")
+    if q:  # NVFP4 experts and/or an FP8 KV cache
         hf_quant = {"producer": {"name": "modelopt"},
-                    "quantization": {"quant_algo": "NVFP4", "group_size": q["group_size"],
-                                     "kv_cache_quant_algo": q["kv_cache_quant_algo"],
-                                     "exclude_modules": q["exclude_modules"]}}
+                    "quantization": {k: v for k, v in q.items() if k != "quant_method"}}
         (out / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2) + "\n")
 
     shards = _plan_shards(spec, shard_bytes)

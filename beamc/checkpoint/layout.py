@@ -4,8 +4,12 @@ shapes and dtypes, and how tensor parallelism splits each one (transformers' `ba
 Two name spaces:
 - *file* tensors: what lies in the safetensors files (per-expert `mlp.experts.{e}.gate_proj.weight`, ..., and
   for NVFP4 experts the ModelOpt quartet weight / weight_scale / weight_scale_2 / input_scale);
-- *graph* params: what the IR's `param` ops name. Equal to the file names, except the experts, which the graph sees
-  stacked as transformers holds them in memory: `mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I].
+- *graph* params: what the IR's `param` ops name. Equal to the file names, except
+  - the experts, which the graph sees stacked over experts (see `expert_graph_params`): as transformers holds them
+    in memory (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) for unquantized experts,
+    and still in ModelOpt's NVFP4 storage format (packed codes and both scales) for NVFP4 experts, so that the IR
+    says what the kernels read;
+  - the fp8 KV cache's per-layer scales (`kv_scale_params`), optional in the files.
 """
 from __future__ import annotations
 
@@ -15,18 +19,39 @@ from typing import Literal
 from beamc.errors import BeamcError
 from beamc.spec.schema import ModelSpec
 
-# How tensor parallelism cuts a tensor: replicated, split into tp equal contiguous parts along `dim`,
-# or (kv projections) split by kv head while tp <= kv heads and replicated per group of ranks beyond.
-ShardKind = Literal["rep", "split", "kv"]
+# How tensor parallelism cuts a tensor along `dim`:
+# - "rep": replicated;
+# - "split": into tp equal contiguous parts; with pad=True the size need not divide: each rank holds ceil(size/tp)
+#   rows, the last ranks' rows past the end are zeros (the vocab-parallel lm_head, as serving stacks pad it);
+# - "split_halves": the two halves of the dim (gate rows, then up rows of the stacked experts' gate_up) are each
+#   split into tp parts; rank r holds part r of the first half followed by part r of the second (transformers'
+#   "packed_colwise");
+# - "kv": by kv head while tp <= kv heads, and replicated per group of ranks beyond.
+ShardKind = Literal["rep", "split", "split_halves", "kv"]
 
 
 @dataclass(frozen=True)
 class Shard:
     kind: ShardKind = "rep"
     dim: int = 0
+    pad: bool = False  # "split" only: zero-pad the last ranks when tp does not divide the size
 
 
 REP = Shard()
+
+
+@dataclass(frozen=True)
+class RankSlice:
+    """Where one rank's slice of a tensor comes from: along `dim`, the `pieces` of the full tensor ([start, stop)
+    ranges) concatenated in order, then `pad` rows of zeros."""
+
+    dim: int
+    pieces: tuple[tuple[int, int], ...]
+    pad: int = 0
+
+    @property
+    def size(self) -> int:
+        return sum(b - a for a, b in self.pieces) + self.pad
 
 
 @dataclass(frozen=True)
@@ -83,8 +108,8 @@ def expert_file_tensors(spec: ModelSpec, L: int, e: int) -> list[TensorInfo]:
     out: list[TensorInfo] = []
     for proj, (n, k), dim in projs:
         shard = Shard("split", dim)
-        if spec.dtypes.experts == "bfloat16":
-            out.append(TensorInfo(f"{p}.{proj}.weight", (n, k), "bfloat16", shard, "experts"))
+        if spec.dtypes.experts != "nvfp4":
+            out.append(TensorInfo(f"{p}.{proj}.weight", (n, k), spec.dtypes.experts, shard, "experts"))
         else:
             g = spec.nvfp4.group_size
             out += [
@@ -119,18 +144,64 @@ def file_tensors(spec: ModelSpec, experts: bool = True) -> list[TensorInfo]:
     out.append(TensorInfo("model.norm.weight", (spec.hidden_size,), spec.dtypes.norm_weights, REP, "norms"))
     if not spec.logits.tie_word_embeddings:
         out.append(TensorInfo("lm_head.weight", (spec.vocab_size, spec.hidden_size), spec.dtypes.lm_head,
-                              Shard("split", 0), "lm_head"))
+                              Shard("split", 0, pad=True), "lm_head"))
     return out
 
 
 def expert_graph_params(spec: ModelSpec, L: int) -> list[TensorInfo]:
-    """The stacked expert params the graph uses (dequantised values when the file holds NVFP4)."""
-    m, H = spec.mlp.moe, spec.hidden_size
+    """The stacked expert params of MoE layer L, stacked over experts (dim 0), in the order the graph lists them.
+
+    Unquantized: `P.gate_up_proj` [E, 2I, H] (gate rows, then up rows, as transformers' BeamExperts) and
+    `P.down_proj` [E, H, I], P = model.layers.L.mlp.experts. NVFP4: the same two matrices left in storage format,
+    each as weight (uint8, two E2M1 codes a byte) / weight_scale (e4m3, one per 16 values of a row) /
+    weight_scale_2 (fp32 global scales, one per file tensor: [E, 2] = gate's and up's for gate_up, [E, 1] for down);
+    `nvfp4.dequantize_stacked` gives their values. The input_scale of the files is not used (weight-only NVFP4).
+    A rank holds its gate rows then its up rows of gate_up ("split_halves") and its columns of down.
+    """
+    H, E, I = spec.hidden_size, spec.mlp.moe.num_experts, spec.mlp.moe.d_ff
     p = f"{layer_prefix(L)}.mlp.experts"
+    halves, cols = Shard("split_halves", 1), Shard("split", 2)
+    if spec.dtypes.experts != "nvfp4":
+        dt = spec.dtypes.experts
+        return [TensorInfo(f"{p}.gate_up_proj", (E, 2 * I, H), dt, halves, "experts"),
+                TensorInfo(f"{p}.down_proj", (E, H, I), dt, cols, "experts")]
+    g = spec.nvfp4.group_size
     return [
-        TensorInfo(f"{p}.gate_up_proj", (m.num_experts, 2 * m.d_ff, H), spec.dtypes.experts, Shard("split", 1), "experts"),
-        TensorInfo(f"{p}.down_proj", (m.num_experts, H, m.d_ff), spec.dtypes.experts, Shard("split", 2), "experts"),
+        TensorInfo(f"{p}.gate_up_proj.weight", (E, 2 * I, H // 2), "uint8", halves, "experts"),
+        TensorInfo(f"{p}.gate_up_proj.weight_scale", (E, 2 * I, H // g), "float8_e4m3fn", halves, "experts"),
+        TensorInfo(f"{p}.gate_up_proj.weight_scale_2", (E, 2), "float32", REP, "experts"),
+        TensorInfo(f"{p}.down_proj.weight", (E, H, I // 2), "uint8", cols, "experts"),
+        TensorInfo(f"{p}.down_proj.weight_scale", (E, H, I // g), "float8_e4m3fn", cols, "experts"),
+        TensorInfo(f"{p}.down_proj.weight_scale_2", (E, 1), "float32", REP, "experts"),
     ]
+
+
+def graph_params(spec: ModelSpec) -> list[TensorInfo]:
+    """Every param the graph of this spec names, with its full shape and shard rule: the file tensors except the
+    experts, then per layer the stacked experts (MoE layers) and the KV cache scales (fp8 cache)."""
+    out = file_tensors(spec, experts=False)
+    for L, mlp in enumerate(spec.mlp_types):
+        out += (expert_graph_params(spec, L) if mlp == "sparse" else []) + kv_scale_params(spec, L)
+    return out
+
+
+def kv_scale_params(spec: ModelSpec, L: int) -> list[TensorInfo]:
+    """The fp8 KV cache's scales of layer L (fp32 scalars: stored = value / scale), none for a bf16 cache.
+
+    Graph names are ModelOpt's (`model.layers.L.self_attn.k_scale` / `v_scale`); the files may hold them under
+    either name of `kv_scale_file_names`, or not at all (the loader then gives 1.0)."""
+    if spec.dtypes.kv_cache != "fp8":
+        return []
+    p = f"{layer_prefix(L)}.self_attn"
+    return [TensorInfo(f"{p}.{w}_scale", (), "float32", REP, "kv_scales") for w in "kv"]
+
+
+def kv_scale_file_names(L: int) -> dict[str, tuple[str, ...]]:
+    """Graph name of each KV scale of layer L -> the file names it may have, preferred first: ModelOpt's, then the
+    one some exports use on the projection (`self_attn.k_proj.k_scale`). Whatever the spec's KV cache dtype, these
+    names are expected in a checkpoint, never unexpected."""
+    p = f"{layer_prefix(L)}.self_attn"
+    return {f"{p}.{w}_scale": (f"{p}.{w}_scale", f"{p}.{w}_proj.{w}_scale") for w in "kv"}
 
 
 def check_tp(spec: ModelSpec, tp: int, rank: int = 0) -> None:
@@ -140,9 +211,8 @@ def check_tp(spec: ModelSpec, tp: int, rank: int = 0) -> None:
         raise BeamcError("--tp", f"must be >= 1, got {tp}")
     if not 0 <= rank < tp:
         raise BeamcError("--rank", f"must be in [0, {tp}), got {rank}")
-    checks = [
+    checks = [  # vocab_size need not divide: the lm_head split is padded (Shard pad=True)
         ("attention.num_heads", a.num_heads),
-        ("vocab_size", spec.vocab_size),
         ("mlp.moe.d_ff", m.d_ff),
     ]
     if "dense" in spec.mlp_types:
@@ -161,25 +231,30 @@ def check_tp(spec: ModelSpec, tp: int, rank: int = 0) -> None:
                                  f"group size {spec.nvfp4.group_size}")
 
 
-def shard_range(spec: ModelSpec, info: TensorInfo, tp: int, rank: int, packed: int = 1) -> tuple[int, int, int] | None:
-    """(dim, start, stop) of this rank's slice of a tensor, or None when the rank holds all of it.
+def shard_range(spec: ModelSpec, info: TensorInfo, tp: int, rank: int) -> RankSlice | None:
+    """Where this rank's slice of a tensor comes from, or None when the rank holds all of it.
 
-    `packed` divides the logical size along the dim when the file stores several values per element (NVFP4 weight:
-    shape already halved, so the split is simply proportional)."""
+    Packed storage (NVFP4 codes, two a byte; one scale per 16 values) splits proportionally: its shape is already
+    the stored one, and check_tp makes each rank's share a whole number of bytes and scale groups."""
     if info.shard.kind == "rep" or tp == 1:
         return None
-    d = info.shard.dim
+    d, kind = info.shard.dim, info.shard.kind
     size = info.shape[d]
-    if info.shard.kind == "split":
-        step = size // tp
-        return d, rank * step, (rank + 1) * step
+    if kind == "split" and info.shard.pad:
+        step = -(-size // tp)  # ceil: the last ranks end past the tensor, in zeros
+        start, stop = min(rank * step, size), min((rank + 1) * step, size)
+        return RankSlice(d, ((start, stop),), step - (stop - start))
+    if kind == "split_halves":
+        half = size // 2
+        step = half // tp
+        return RankSlice(d, ((rank * step, (rank + 1) * step), (half + rank * step, half + (rank + 1) * step)))
     nkv = spec.attention.num_kv_heads
-    per_head = size // nkv
-    if tp <= nkv:
+    if kind == "split" or tp <= nkv:
         step = size // tp
-        return d, rank * step, (rank + 1) * step
+        return RankSlice(d, ((rank * step, (rank + 1) * step),))
+    per_head = size // nkv
     head = rank * nkv // tp  # ranks sharing one kv head hold copies of it
-    return d, head * per_head, (head + 1) * per_head
+    return RankSlice(d, ((head * per_head, (head + 1) * per_head),))
 
 
 def rank_shape(spec: ModelSpec, info: TensorInfo, tp: int, rank: int) -> tuple[int, ...]:
@@ -187,13 +262,17 @@ def rank_shape(spec: ModelSpec, info: TensorInfo, tp: int, rank: int) -> tuple[i
     shape = list(info.shape)
     r = shard_range(spec, info, tp, rank)
     if r is not None:
-        shape[r[0]] = r[2] - r[1]
+        shape[r.dim] = r.size
     return tuple(shape)
 
 
 @dataclass(frozen=True)
 class RankDims:
-    """One tensor-parallel rank's share of every split dimension."""
+    """One tensor-parallel rank's share of every split dimension.
+
+    `vocab` is the rank's lm_head rows, ceil(vocab_size / tp) on every rank; `vocab_valid` of them are real, the
+    rest zero padding (on the last ranks). After the all-gather of the tp * vocab logits, only the first
+    `vocab_size` are the model's."""
 
     tp: int
     rank: int
@@ -202,10 +281,13 @@ class RankDims:
     dense_ff: int
     moe_ff: int
     vocab: int
+    vocab_valid: int
+    vocab_size: int
 
 
 def rank_dims(spec: ModelSpec, tp: int, rank: int = 0) -> RankDims:
     check_tp(spec, tp, rank)
-    a = spec.attention
+    a, V = spec.attention, spec.vocab_size
+    vocab = -(-V // tp)
     return RankDims(tp, rank, a.num_heads // tp, max(1, a.num_kv_heads // tp), spec.mlp.dense.d_ff // tp,
-                    spec.mlp.moe.d_ff // tp, spec.vocab_size // tp)
+                    spec.mlp.moe.d_ff // tp, vocab, max(0, min(vocab, V - rank * vocab)), V)

@@ -1,9 +1,10 @@
 """Read one tensor-parallel rank's weights from a HF checkpoint, keyed by graph param name.
 
-The whole checkpoint is checked against `layout.file_tensors(spec)` from the safetensors headers before any
-tensor is read, so a wrong checkpoint fails with one message listing everything at fault. Tensors are read with
-`safe_open(...).get_slice` (mmap): a rank reads only its own slice. Experts are stacked as the graph (and
-transformers) holds them; NVFP4 experts are sliced while packed, then dequantised.
+Everything is checked before a tensor is read: config.json against the spec (every key import-hf reads), and
+every tensor header against `layout.file_tensors(spec)`, so a wrong checkpoint fails with one message listing
+everything at fault. Tensors are read with `safe_open(...).get_slice` (mmap): a rank reads only its own slice, and
+each slice is checked for NaN/Inf as it is read. Experts are stacked as the graph names them
+(`layout.expert_graph_params`): unquantized as transformers holds them, NVFP4 still packed, with their scales.
 """
 from __future__ import annotations
 
@@ -15,24 +16,17 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from beamc.checkpoint import nvfp4
-from beamc.checkpoint.layout import TensorInfo, check_tp, expert_graph_params, file_tensors, shard_range
-from beamc.errors import BeamcError
-from beamc.spec.hf import spec_to_hf_config
+from beamc.checkpoint.layout import (RankSlice, TensorInfo, check_tp, expert_graph_params, file_tensors, graph_params,
+                                     kv_scale_file_names, kv_scale_params, layer_prefix, rank_shape, shard_range)
+from beamc.errors import BeamcError, read_error
+from beamc.ir.dtypes import FLOAT_STORAGE, from_safetensors
+from beamc.spec.hf import config_mismatches
 from beamc.spec.load import load_spec
 from beamc.spec.schema import ModelSpec
 
 INDEX_NAME = "model.safetensors.index.json"
-# config.json keys that define the architecture (tensor shapes, layer kinds); the rest may legitimately differ.
-ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-             "num_key_value_heads", "head_dim", "moe_intermediate_size", "num_experts", "tie_word_embeddings",
-             "layer_types", "mlp_layer_types")
 # safetensors header dtype -> torch dtype name (as layout.TensorInfo.dtype spells it)
-_ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "U8": "uint8",
-              "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool",
-              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 _MAX_LISTED = 10
-_DEQUANT_VALUES = 1 << 26  # values dequantised per call: few calls for small models, bounded memory for Beam
 
 
 def _fix_config(d: Path) -> str:
@@ -70,19 +64,24 @@ def describe_checkpoint(ckpt_dir: str | Path) -> dict[str, tuple[Path, tuple[int
     out: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     for f in checkpoint_files(ckpt_dir):
         try:
+            open(f, "rb").close()  # safe_open reports every open failure as "No such file or directory"
+        except OSError as e:
+            raise read_error(f, e, "checkpoint") from None
+        try:
             with safe_open(str(f), framework="pt") as h:
                 for name in h.keys():
                     sl = h.get_slice(name)
-                    out[name] = (f, tuple(sl.get_shape()), _ST_DTYPES.get(sl.get_dtype(), sl.get_dtype()))
+                    out[name] = (f, tuple(sl.get_shape()), from_safetensors(sl.get_dtype()))
         except Exception as e:  # safetensors raises its own error types for corrupt headers
             raise BeamcError(str(f), f"cannot read the safetensors header: {e}") from None
     return out
 
 
 def check_config(spec: ModelSpec, ckpt_dir: str | Path) -> None:
-    """Raise when the checkpoint's config.json disagrees with the spec on an architectural key.
+    """Raise when the checkpoint's config.json disagrees with the spec (`spec.hf.config_mismatches`: every key
+    import-hf reads, all disagreements in one error), or when import-hf would reject it (its error).
 
-    A missing config.json, or a missing key in it, is not an error: the tensor check still guards every shape."""
+    A missing config.json is not an error: the tensor check still guards every shape and dtype."""
     d = Path(ckpt_dir)
     path = d / "config.json"
     if not path.is_file():
@@ -91,17 +90,12 @@ def check_config(spec: ModelSpec, ckpt_dir: str | Path) -> None:
         cfg = json.loads(path.read_text())
     except ValueError as e:
         raise BeamcError(str(path), f"not valid JSON: {e}") from None
-    want = spec_to_hf_config(spec)
-    bad = [f"{k}: spec has {want[k]!r}, config.json has {cfg[k]!r}"
-           for k in ARCH_KEYS if k in cfg and cfg[k] != want[k]]
-    # No quantization_config means bf16 experts, as transformers reads it.
-    algo = (cfg.get("quantization_config") or {}).get("quant_algo")
-    if (algo == "NVFP4") != (spec.dtypes.experts == "nvfp4"):
-        bad.append(f"experts: spec has dtypes.experts = {spec.dtypes.experts}, config.json has "
-                   f"quantization_config.quant_algo = {algo!r}")
+    if not isinstance(cfg, dict):
+        raise BeamcError(str(path), f"expected a JSON object at the top level, got {type(cfg).__name__}")
+    bad = config_mismatches(spec, cfg, str(path))
     if bad:
-        raise BeamcError(str(path), f"disagrees with the spec {spec.name!r}:\n  " + "\n  ".join(bad),
-                         _fix_config(d))
+        raise BeamcError(str(path), f"disagrees with the spec {spec.name!r}:\n"
+                         + "\n".join(_listing("keys that differ", bad)), _fix_config(d))
 
 
 def _listing(title: str, items: list[str]) -> list[str]:
@@ -111,17 +105,28 @@ def _listing(title: str, items: list[str]) -> list[str]:
     return [f"  {title} ({len(items)}):"] + [f"    {x}" for x in items[:_MAX_LISTED]] + more
 
 
+def _kv_scale_names(spec: ModelSpec) -> set[str]:
+    """The file names a KV scale may have, any layer: optional in a checkpoint, whatever the KV cache dtype."""
+    return {f for L in range(spec.num_layers) for names in kv_scale_file_names(L).values() for f in names}
+
+
 def check_checkpoint(spec: ModelSpec, ckpt_dir: str | Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """Check config.json and every tensor header against the spec; return describe_checkpoint(ckpt_dir)."""
     check_config(spec, ckpt_dir)
     found = describe_checkpoint(ckpt_dir)
     expected = {t.name: t for t in file_tensors(spec)}
+    optional = _kv_scale_names(spec)
     missing = [n for n in expected if n not in found]
-    unexpected = [n for n in found if n not in expected]
+    unexpected = [n for n in found if n not in expected and n not in optional]
     shapes = [f"{n}: expected {list(t.shape)}, found {list(found[n][1])}"
               for n, t in expected.items() if n in found and tuple(found[n][1]) != t.shape]
     dtypes = [f"{n}: expected {t.dtype}, found {found[n][2]}"
               for n, t in expected.items() if n in found and found[n][2] != t.dtype]
+    if spec.dtypes.kv_cache == "fp8":  # a bf16 cache ignores the KV scales, whatever they hold
+        kv = sorted(n for n in optional if n in found)
+        shapes += [f"{n}: expected a scalar ([] or [1]), found {list(found[n][1])}"
+                   for n in kv if tuple(found[n][1]) not in ((), (1,))]
+        dtypes += [f"{n}: expected a float dtype, found {found[n][2]}" for n in kv if found[n][2] not in FLOAT_STORAGE]
     lines = (_listing("missing tensors", missing) + _listing("unexpected tensors", unexpected)
              + _listing("wrong shape", shapes) + _listing("wrong dtype", dtypes))
     if lines:
@@ -130,68 +135,173 @@ def check_checkpoint(spec: ModelSpec, ckpt_dir: str | Path) -> dict[str, tuple[P
     return found
 
 
-def _target_dtype(info: TensorInfo, dtype: torch.dtype | None) -> torch.dtype | None:
-    """None keeps the file dtype; fp32 everywhere; or bf16 except the router, which Beam always runs in fp32."""
-    if dtype is None or dtype == torch.float32:
-        return dtype
-    return torch.float32 if info.group == "router" else dtype
+def take_rank_slice(src: Any, sl: RankSlice) -> torch.Tensor:
+    """A rank's slice (`layout.shard_range`) of `src`, a safetensors slice (only those bytes are read) or a tensor:
+    its pieces concatenated, then the zero padding."""
+    lead = (slice(None),) * sl.dim
+    parts = [src[lead + (slice(a, b),)] for a, b in sl.pieces]
+    if sl.pad:
+        shape = list(parts[0].shape)
+        shape[sl.dim] = sl.pad
+        parts.append(torch.zeros(shape, dtype=parts[0].dtype, device=parts[0].device))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, sl.dim)
+
+
+def _nonfinite(t: torch.Tensor) -> torch.Tensor:
+    """Mask of the NaN/Inf entries of a float tensor, computed in its own dtype."""
+    if t.dtype == torch.float8_e4m3fn:  # torch has no isfinite for it; e4m3fn has no Inf and NaN is S.1111.111
+        return (t.view(torch.uint8) & 0x7F) == 0x7F
+    if t.dtype.itemsize == 1:  # other fp8 formats (not in Beam checkpoints): widen
+        t = t.float()
+    return ~torch.isfinite(t)
+
+
+def _screen(t: torch.Tensor) -> torch.Tensor:
+    """A 0-d flag, True when `t` may hold a NaN/Inf: its sum in its own dtype, which is NaN/Inf whenever an element
+    is, at a fraction of the cost of isfinite on CPU. A sum that overflows is a false alarm, cleared by the exact
+    `_nonfinite` check run on flagged tensors only."""
+    if t.dtype.itemsize == 1:  # fp8 scales have no sum kernel; they are small
+        return _nonfinite(t).any()
+    return ~torch.isfinite(t.sum())
+
+
+def _file_index(idx: list[int], sl: RankSlice | None) -> list[int]:
+    """An index into a rank's slice -> the same element's index in the file tensor."""
+    if sl is None:
+        return idx
+    i = idx[sl.dim]
+    for a, b in sl.pieces:
+        if i < b - a:
+            return idx[:sl.dim] + [a + i] + idx[sl.dim + 1:]
+        i -= b - a
+    raise AssertionError("a non-finite value in the zero padding")
+
+
+class _RankReader:
+    """Reads this rank's slices of file tensors, as stored, onto `device`, and checks each for NaN/Inf: a flag per
+    tensor (`_screen`) on the device, all read together at the end (one sync, not one per tensor)."""
+
+    def __init__(self, spec: ModelSpec, found: dict, tp: int, rank: int, device, stack: ExitStack):
+        self.spec, self.found, self.tp, self.rank, self.device, self.stack = spec, found, tp, rank, device, stack
+        self.infos = {t.name: t for t in file_tensors(spec)}
+        self.handles: dict[Path, Any] = {}
+        self.checked: list[tuple[str, TensorInfo]] = []
+        self.flags: list[torch.Tensor] = []
+
+    def _slice(self, name: str, info: TensorInfo) -> torch.Tensor:
+        f = self.found[name][0]
+        if f not in self.handles:
+            self.handles[f] = self.stack.enter_context(safe_open(str(f), framework="pt"))
+        sl = shard_range(self.spec, info, self.tp, self.rank)
+        t = self.handles[f].get_tensor(name) if sl is None else take_rank_slice(self.handles[f].get_slice(name), sl)
+        return t.to(self.device)
+
+    def read(self, name: str, info: TensorInfo | None = None) -> torch.Tensor:
+        """This rank's slice of file tensor `name` (shard rule: `info`, default the layout's)."""
+        info = info or self.infos[name]
+        t = self._slice(name, info)
+        if t.is_floating_point():
+            self.checked.append((name, info))
+            self.flags.append(_screen(t))
+        return t
+
+    def nonfinite(self) -> list[str]:
+        """`name[i, j] is nan (file)` for each tensor read that holds a NaN/Inf, at its first one (in file
+        coordinates); the slice is read again to find it, only on failure."""
+        flagged = torch.stack(self.flags).tolist() if self.flags else []
+        out = []
+        for (name, info), flag in zip(self.checked, flagged):
+            if not flag:
+                continue
+            t = self._slice(name, info)
+            mask = _nonfinite(t)
+            if not mask.any():  # the sum overflowed: a false alarm
+                continue
+            idx = mask.nonzero()[0].tolist()
+            v = t[tuple(idx)].float().item()
+            idx = _file_index(idx, shard_range(self.spec, info, self.tp, self.rank))
+            at = f"[{', '.join(map(str, idx))}]" if idx else ""
+            what = "nan" if v != v else ("inf" if v > 0 else "-inf")
+            out.append(f"{name}{at} is {what} ({self.found[name][0].name})")
+        return out
+
+
+def _target_dtype(spec: ModelSpec, info: TensorInfo, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype a graph param is loaded in (None: as stored). `dtype` converts the float weights; the fp32 router,
+    the fp32 KV scales and NVFP4 experts (codes and scales: what the kernels read) stay as stored."""
+    keep = info.group in ("router", "kv_scales") or (info.group == "experts" and spec.dtypes.experts == "nvfp4")
+    return None if keep else dtype
 
 
 def load_rank_weights(spec: ModelSpec | str | Path, ckpt_dir: str | Path, tp: int = 1, rank: int = 0,
                       dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Graph param name -> this rank's tensor. NVFP4 experts come dequantised (to fp32 when dtype is None)."""
+    """Graph param name (`layout.graph_params`) -> this rank's tensor (shape `layout.rank_shape`), as stored, or
+    converted to `dtype` (bf16 or fp32) where `_target_dtype` says so.
+
+    Raises one BeamcError for a checkpoint that does not fit the spec, and one listing every tensor holding a NaN
+    or Inf (with its first bad element) and every KV scale <= 0."""
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
     if dtype not in (None, torch.float32, torch.bfloat16):
         raise BeamcError("dtype", f"must be None, torch.float32 or torch.bfloat16, got {dtype}")
     check_tp(spec, tp, rank)
     found = check_checkpoint(spec, ckpt_dir)
-    infos = {t.name: t for t in file_tensors(spec)}
     out: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
-        handles: dict[Path, Any] = {}
-
-        def read(name: str) -> torch.Tensor:
-            """This rank's slice of a file tensor, as stored."""
-            f = found[name][0]
-            if f not in handles:
-                handles[f] = stack.enter_context(safe_open(str(f), framework="pt"))
-            r = shard_range(spec, infos[name], tp, rank)
-            if r is None:
-                return handles[f].get_tensor(name)
-            dim, start, stop = r
-            return handles[f].get_slice(name)[(slice(None),) * dim + (slice(start, stop),)]
-
-        for t in infos.values():
-            if t.group != "experts":
-                target = _target_dtype(t, dtype)
-                out[t.name] = read(t.name).to(device=device, dtype=target)
+        reader = _RankReader(spec, found, tp, rank, device, stack)
+        for t in file_tensors(spec, experts=False):
+            out[t.name] = _convert(reader.read(t.name), _target_dtype(spec, t, dtype))
         for L, mlp in enumerate(spec.mlp_types):
             if mlp == "sparse":
-                out.update(_stacked_experts(spec, L, read, dtype, device))
+                out.update(_stacked_experts(spec, L, reader, dtype))
+            out.update(_kv_scales(spec, L, reader))
+        bad = reader.nonfinite()
+    bad += [f"{t.name} is {out[t.name].item()!r}; a KV cache scale must be > 0"
+            for L in range(spec.num_layers) for t in kv_scale_params(spec, L) if out[t.name].item() <= 0]
+    if bad:
+        raise BeamcError(str(ckpt_dir), "the checkpoint holds values that cannot be right:\n"
+                         + "\n".join(_listing("bad values", bad)),
+                         "a NaN or Inf weight poisons every logit: repair or re-export the checkpoint")
+    for t in graph_params(spec):  # the loader and the layout's shard rules (what lowering declares) agree
+        assert tuple(out[t.name].shape) == rank_shape(spec, t, tp, rank), (t.name, tuple(out[t.name].shape))
     return out
 
 
-def _stacked_experts(spec: ModelSpec, L: int, read, dtype: torch.dtype | None,
-                     device: str | torch.device) -> dict[str, torch.Tensor]:
-    """gate_up [E, 2*I/tp, H] (this rank's gate rows, then its up rows) and down [E, H, I/tp] of one MoE layer."""
-    nvfp4_experts = spec.dtypes.experts == "nvfp4"
-    target = dtype or (torch.float32 if nvfp4_experts else torch.bfloat16)
+def _convert(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return t if dtype is None else t.to(dtype)
 
+
+def _stacked_experts(spec: ModelSpec, L: int, reader: _RankReader,
+                     dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The expert params of MoE layer L (`expert_graph_params`), stacked from this rank's slices of the per-expert
+    file tensors. Each file tensor is sliced by its own rule (gate/up rows, down columns), which is what makes a
+    rank's gate_up its gate rows then its up rows ("split_halves")."""
+    base = f"{layer_prefix(L)}.mlp.experts"
     E = spec.mlp.moe.num_experts
 
-    def proj(name: str) -> torch.Tensor:
-        """[E, rows, cols] of one projection; NVFP4 dequantised in one call for all experts (fewer small ops)."""
-        base = [f"model.layers.{L}.mlp.experts.{e}.{name}" for e in range(E)]
-        weight = torch.stack([read(f"{b}.weight") for b in base]).to(device)
-        if not nvfp4_experts:
-            return weight.to(target)
-        scale = torch.stack([read(f"{b}.weight_scale") for b in base]).to(device)
-        scale_2 = torch.stack([read(f"{b}.weight_scale_2") for b in base]).to(device)[:, None, None]
-        step = max(1, _DEQUANT_VALUES // (weight.shape[1] * weight.shape[2] * 2))  # bounds fp32 temporaries
-        return torch.cat([nvfp4.dequantize(weight[i:i + step], scale[i:i + step], scale_2[i:i + step], target)
-                          for i in range(0, E, step)])
+    def stack(proj: str, part: str) -> torch.Tensor:
+        return torch.stack([reader.read(f"{base}.{e}.{proj}.{part}") for e in range(E)])
 
-    gate_up = torch.cat([proj("gate_proj"), proj("up_proj")], dim=1)
-    down = proj("down_proj")
-    gu_info, down_info = expert_graph_params(spec, L)
-    return {gu_info.name: gate_up, down_info.name: down}
+    def gate_up(part: str) -> torch.Tensor:
+        return torch.cat([stack("gate_proj", part), stack("up_proj", part)], dim=1)
+
+    if spec.dtypes.experts == "nvfp4":
+        values = [gate_up("weight"), gate_up("weight_scale"),
+                  torch.stack([stack("gate_proj", "weight_scale_2"), stack("up_proj", "weight_scale_2")], dim=1),
+                  stack("down_proj", "weight"), stack("down_proj", "weight_scale"),
+                  stack("down_proj", "weight_scale_2")[:, None]]
+    else:
+        values = [gate_up("weight"), stack("down_proj", "weight")]
+    infos = expert_graph_params(spec, L)
+    return {t.name: _convert(v, _target_dtype(spec, t, dtype)) for t, v in zip(infos, values, strict=True)}
+
+
+def _kv_scales(spec: ModelSpec, L: int, reader: _RankReader) -> dict[str, torch.Tensor]:
+    """The fp8 KV cache's k_scale / v_scale of layer L as fp32 scalars: the checkpoint's, under either of its
+    names, else 1.0. Nothing for a bf16 cache."""
+    out = {}
+    names = kv_scale_file_names(L)
+    for t in kv_scale_params(spec, L):
+        name = next((n for n in names[t.name] if n in reader.found), None)
+        out[t.name] = (reader.read(name, t).reshape(()).float() if name is not None
+                       else torch.ones((), dtype=torch.float32, device=reader.device))
+    return out

@@ -76,3 +76,17 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor 
     vals = E2M1_TABLE.to(codes.device)[codes.int()].view(*lead, n, groups, k // groups)
     vals = (vals * scale.float().unsqueeze(-1)).view(*lead, n, k)
     return (vals * torch.as_tensor(scale_2, dtype=torch.float32, device=codes.device)).to(dtype)
+
+
+def dequantize_stacked(weight: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
+    """The fp32 values [E, N, K] of a stack of NVFP4 matrices as the graph holds them (`layout.expert_graph_params`).
+
+    weight uint8 [E, N, K/2], scale e4m3 [E, N, K/g], scale_2 fp32 [E, parts]: the N rows are `parts` equal blocks
+    (gate rows then up rows of gate_up: parts = 2; down: parts = 1), each with its own global scale, because each
+    block is one quantised file tensor."""
+    E, N = weight.shape[:2]
+    parts = scale_2.shape[-1]
+    if N % parts:
+        raise ValueError(f"{N} rows do not split into {parts} equal blocks of one global scale each")
+    rows_scale = scale_2.float().repeat_interleave(N // parts, dim=1)  # [E, N]: each row's global scale
+    return dequantize(weight, scale, rows_scale[..., None])

@@ -14,11 +14,10 @@ from typing import Any
 
 import networkx as nx
 
+from beamc.ir.ops import OPS
+
 Dim = int | str
 Shape = tuple[Dim, ...]
-
-DTYPES = ("bf16", "f16", "f32", "i64", "i32", "u8", "f8e4m3", "nvfp4", "bool")
-
 
 @dataclass(eq=False)
 class Value:
@@ -66,8 +65,6 @@ class Graph:
 
     def add(self, op: str, *inputs: Value, name: str | None = None, **attrs: Any) -> Value | tuple[Value, ...]:
         """Append a node; its output types come from the op's inference rule. Returns one Value or a tuple."""
-        from beamc.ir.ops import OPS
-
         opdef = OPS[op]
         types = opdef.infer(list(inputs), attrs)
         hint = name or op
@@ -111,9 +108,7 @@ class Graph:
 
     def compute_nodes(self) -> list[Node]:
         """Nodes that do work on a device (not leaves, not free views)."""
-        from beamc.ir.ops import OPS
-
-        return [n for n in self.nodes if n.op not in ("input", "param", "state") and not OPS[n.op].is_view]
+        return [n for n in self.nodes if not OPS[n.op].leaf and not OPS[n.op].is_view]
 
     def ops_by_layer_kind(self) -> dict[str, Counter]:
         """Compute ops of one layer of each kind (the last layer of that kind: layer 0 also carries the

@@ -12,12 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from beamc.checkpoint.layout import TensorInfo, expert_graph_params, file_tensors, layer_prefix, rank_dims, rank_shape
+from beamc.checkpoint.layout import (TensorInfo, expert_graph_params, file_tensors, kv_scale_params, layer_prefix,
+                                     rank_dims, rank_shape)
 from beamc.errors import BeamcError
+from beamc.ir.dtypes import ir_dtype
 from beamc.ir.graph import Graph, Value
 from beamc.spec.schema import ModelSpec
-
-ACT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class _Lowerer:
         self.spec, self.opt = spec, opt
         self.dims = rank_dims(spec, opt.tp, opt.rank)
         self.f32 = opt.dtype == "f32"
-        self.act = "f32" if self.f32 else ACT[spec.dtypes.activations]
+        self.act = "f32" if self.f32 else ir_dtype(spec.dtypes.activations)
         self.T = "T" if opt.phase == "prefill" else "B"
         self.g = Graph(f"{spec.name}.{opt.phase}.tp{opt.tp}.r{opt.rank}",
                        {"spec": spec.name, "phase": opt.phase, "tp": opt.tp, "rank": opt.rank, "dtype": self.act,
@@ -52,7 +52,11 @@ class _Lowerer:
         info = info or self.infos[name]
         shape = rank_shape(self.spec, info, self.opt.tp, self.opt.rank)
         storage = info.dtype
-        dtype = "f32" if (self.f32 or storage == "float32") else (ACT.get(storage) or self.act)
+        if info.group == "experts" and self.spec.dtypes.experts == "nvfp4":
+            # stored formats stay as stored, in every mode: packed codes, e4m3 block scales, fp32 global scales
+            dtype = "e2m1x2" if storage == "uint8" else ir_dtype(storage)
+        else:  # float weights: their storage dtype (fp32 in logic-check mode)
+            dtype = "f32" if self.f32 else ir_dtype(storage)
         v = self.g.param(name, shape, dtype, storage=storage, group=info.group)
         self._params[name] = v
         return v
@@ -75,8 +79,9 @@ class _Lowerer:
             h = g.add("gather_rows", h, rows)
         head = "model.embed_tokens.weight" if s.logits.tie_word_embeddings else "lm_head.weight"
         logits = g.add("linear", h, self.W(head), name="lm_head")
-        if self.opt.tp > 1:
-            logits = g.add("all_gather", logits, dim=-1, tp=self.opt.tp, name="lm_head.gather")
+        if self.opt.tp > 1:  # a padded vocabulary's extra rows (zero weights) are cut after the gather
+            valid = s.vocab_size if self.dims.vocab * self.opt.tp != s.vocab_size else None
+            logits = g.add("all_gather", logits, dim=-1, tp=self.opt.tp, valid=valid, name="lm_head.gather")
         if s.logits.softcap is not None:
             logits = g.add("softcap", logits, cap=float(s.logits.softcap), name="softcap")
         else:
@@ -85,7 +90,8 @@ class _Lowerer:
         return g
 
     def norm(self, x: Value, weight: str, name: str) -> Value:
-        return self.g.add("rmsnorm", x, self.W(weight), eps=self.spec.norm.eps, name=name)
+        n = self.spec.norm
+        return self.g.add("rmsnorm", x, self.W(weight), eps=n.eps, w_offset=n.offset, name=name)
 
     def residual(self, sub: Value, res: Value, n: int, name: str) -> Value:
         # transformers: sub * (1/sqrt(n)) + res * sqrt((n-1)/n); each product rounds, then the add rounds
@@ -119,8 +125,9 @@ class _Lowerer:
         q = g.add("reshape", q, shape=(T, d.heads, hd), name="q_heads")
         k = g.add("reshape", k, shape=(T, d.kv_heads, hd), name="k_heads")
         v = g.add("reshape", v, shape=(T, d.kv_heads, hd), name="v_heads")
-        q = g.add("rmsnorm", q, self.W(f"{p}.q_norm.weight"), eps=a.qk_norm.eps, name=f"L{L}.q_norm")
-        k = g.add("rmsnorm", k, self.W(f"{p}.k_norm.weight"), eps=a.qk_norm.eps, name=f"L{L}.k_norm")
+        qkn = dict(eps=a.qk_norm.eps, w_offset=a.qk_norm.offset)
+        q = g.add("rmsnorm", q, self.W(f"{p}.q_norm.weight"), **qkn, name=f"L{L}.q_norm")
+        k = g.add("rmsnorm", k, self.W(f"{p}.k_norm.weight"), **qkn, name=f"L{L}.k_norm")
         if sliding:
             theta = a.sliding.rope.theta
             q = g.add("rope", q, self.pos, theta=theta, name=f"L{L}.q_rope")
@@ -133,10 +140,12 @@ class _Lowerer:
         cap = "Cs" if sliding else "Cf"
         kc = g.state(f"kv.{L}.k", ("S", cap, d.kv_heads, hd), kv_dtype)
         vc = g.state(f"kv.{L}.v", ("S", cap, d.kv_heads, hd), kv_dtype)
-        kc, vc = g.add("kv_write", kc, vc, k, v, self.slot, self.pos, name=f"L{L}.kv_write")
+        scales = [self.W(t.name, t) for t in kv_scale_params(s, L)] if kv_dtype == "f8e4m3" else []
+        window = s.effective_window if sliding else None
+        kc, vc = g.add("kv_write", kc, vc, k, v, self.slot, self.pos, *scales, window=window, name=f"L{L}.kv_write")
         g.state_out[f"kv.{L}.k"], g.state_out[f"kv.{L}.v"] = kc, vc
-        o = g.add("attention", q, kc, vc, self.slot, self.pos, window=a.sliding.window if sliding else None,
-                  scale=hd ** -0.5, name=f"L{L}.attn")
+        o = g.add("attention", q, kc, vc, self.slot, self.pos, *scales, window=window, scale=hd ** -0.5,
+                  name=f"L{L}.attn")
         # output gate: sigmoid(gate_proj(x) + gate_bias[head]) * o, each step rounding as transformers does
         gate = g.add("reshape", gate, shape=(T, d.heads, hd), name="gate_heads")
         bias = g.add("reshape", self.W(f"{p}.gate_bias"), shape=(d.heads, 1), name="gate_bias_heads")
@@ -161,8 +170,9 @@ class _Lowerer:
         w, idx = g.add("moe_select", logits, self.W(f"{p}.gate.e_score_correction_bias"), n_group=m.n_group,
                        topk_group=m.topk_group, top_k=m.top_k, renormalize=m.renormalize, eps=m.renorm_eps,
                        name=f"L{L}.select")
-        gu, down = (self.W(t.name, t) for t in expert_graph_params(self.spec, L))
-        y = g.add("moe_experts", x, idx, gu, down, name=f"L{L}.experts")
+        experts = [self.W(t.name, t) for t in expert_graph_params(self.spec, L)]
+        fmt = "nvfp4" if self.spec.dtypes.experts == "nvfp4" else "dense"
+        y = g.add("moe_experts", x, idx, *experts, format=fmt, name=f"L{L}.experts")
         out = g.add("moe_combine", y, w, idx, name=f"L{L}.combine")
         out = g.add("scale", out, s=float(m.routed_scaling), name=f"L{L}.routed_scale")
         return self.reduce(out, f"L{L}.moe_allreduce")

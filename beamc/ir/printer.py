@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from beamc.ir.graph import Graph
+from beamc.ir.ops import OPS
 
 
 def _fmt_attr(v) -> str:
@@ -13,7 +14,7 @@ def _fmt_attr(v) -> str:
 def to_text(g: Graph, leaves: bool = False) -> str:
     lines = [f"graph {g.name} {g.meta}"]
     for n in g.nodes:
-        if n.op in ("input", "param", "state") and not leaves:
+        if OPS[n.op].leaf and not leaves:
             continue
         outs = ", ".join(repr(v) for v in n.outputs)
         ins = ", ".join(f"%{v.name}" for v in n.inputs)
@@ -32,8 +33,9 @@ def to_dot(g: Graph) -> str:
     ids = {id(n): f"n{i}" for i, n in enumerate(g.nodes)}
     lines = [f'digraph "{g.name}" {{', "  rankdir=TB; node [shape=box, fontname=monospace, fontsize=10];"]
     for n in g.nodes:
-        label = n.op if n.op not in ("input", "param", "state") else f"{n.op}\\n{n.attrs['name']}"
-        shape = "ellipse" if n.op in ("input", "param", "state") else "box"
+        leaf = OPS[n.op].leaf
+        label = f"{n.op}\\n{n.attrs['name']}" if leaf else n.op
+        shape = "ellipse" if leaf else "box"
         lines.append(f'  {ids[id(n)]} [label="{label}", shape={shape}];')
     for n in g.nodes:
         for v in n.inputs:

@@ -17,7 +17,8 @@ def build_softcap(g, m):
 
 
 def build_embed(g, m):
-    h, y = g.add("embed_norm", m["ids"], m["table"], m["w"], eps=m["norm"].attrs["eps"], name="embed_norm")
+    h, y = g.add("embed_norm", m["ids"], m["table"], m["w"], eps=m["norm"].attrs["eps"],
+                 w_offset=m["norm"].attrs["w_offset"], name="embed_norm")
     return {m["emb"].out: h, m["norm"].out: y}
 
 

@@ -1,7 +1,8 @@
 """Seed change 6: the fused KV-cache write.
 
 The `qk_norm_pos` op (from `qk_norm_pos`) also writes K and V into the layer's cache (the ring slot pos % capacity
-on sliding layers, the position on full layers), removing the separate cache write. Needs `qk_norm_pos`.
+on sliding layers, the position on full layers; fp8 caches divided by their scales), removing the separate cache
+write. Needs `qk_norm_pos`.
 """
 from beamc.passes.base import Pass
 from beamc.passes.rewrite import Pat, Rule
@@ -14,8 +15,9 @@ PATTERN = Pat("kv_write", A("kc"), A("vc"),
 
 def build(g, m):
     qk, kvw = m["qk"], m["kvw"]
+    scales = kvw.inputs[6:]  # fp8 caches: the k and v scales
     q, kc, vc = g.add("qk_norm_pos_kv", m["q"], m["k"], m["v"], m["wq"], m["wk"], m["kc"], m["vc"], m["slot"],
-                      m["pos"], name="qk_norm_pos_kv", **qk.attrs)
+                      m["pos"], *scales, name="qk_norm_pos_kv", **qk.attrs, window=kvw.attrs.get("window"))
     return {qk.outputs[0]: q, kvw.outputs[0]: kc, kvw.outputs[1]: vc}
 
 

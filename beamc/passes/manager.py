@@ -79,16 +79,3 @@ def _dump(g: Graph, stem: Path) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_name(stem.name + ".txt").write_text(to_text(g))
     stem.with_name(stem.name + ".dot").write_text(to_dot(g))
-
-
-def compiled_graphs(spec, *, tp: int = 1, dtype: str | None = None, passes: list[str] = (),
-                    phases: tuple[str, ...] = ("prefill", "decode")) -> dict[str, list[Graph]]:
-    """Lower every phase for every rank and run the passes: what a session or backend executes."""
-    from beamc.ir.lower import LowerOptions, lower
-
-    out = {}
-    for phase in phases:
-        graphs = [lower(spec, LowerOptions(phase=phase, tp=tp, rank=r, dtype=dtype)) for r in range(tp)]
-        run_passes(graphs, list(passes))
-        out[phase] = graphs
-    return out

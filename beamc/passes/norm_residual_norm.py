@@ -19,9 +19,12 @@ PATTERN = Pat("rmsnorm",
 
 
 def build(g, m):
+    if m["post"].attrs["w_offset"] != m["next"].attrs["w_offset"]:
+        return None  # one weight form per boundary kernel
     g.current_layer = m["post"].layer  # the boundary belongs to the sublayer it closes
     h, y = g.add("boundary", m["sub"], m["res"], m["w_post"], m["w_next"], combine=False, routed_scale=None,
                  allreduce=False, eps=m["post"].attrs["eps"], eps_next=m["next"].attrs["eps"],
+                 w_offset=m["post"].attrs["w_offset"],
                  s_sub=m["s_sub"].attrs["s"], s_res=m["s_res"].attrs["s"], name="boundary")
     return {m["add"].out: h, m["next"].out: y}
 

@@ -22,9 +22,9 @@ def _qk_pattern(q_pos: str | None, k_pos: str | None) -> Pat:
 def _build(mode: str):
     def build(g, m):
         qn, kn = m["qn"], m["kn"]
-        if qn.attrs["eps"] != kn.attrs["eps"]:
+        if qn.attrs != kn.attrs:  # one eps and weight form for q and k
             return None
-        attrs = {"eps": qn.attrs["eps"], "mode": mode}
+        attrs = {"eps": qn.attrs["eps"], "w_offset": qn.attrs["w_offset"], "mode": mode}
         if mode == "rope":
             if m["qp"].attrs != m["kp"].attrs:
                 return None

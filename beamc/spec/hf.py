@@ -64,6 +64,8 @@ def spec_to_hf_config(spec: ModelSpec) -> dict[str, Any]:
     }
     if spec.dtypes.experts == "nvfp4":
         cfg["quantization_config"] = nvfp4_quant_config(spec)
+    elif spec.dtypes.kv_cache == "fp8":  # ModelOpt's form for an FP8 KV cache alone (transformers skips it)
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": None, "kv_cache_quant_algo": "FP8"}
     return cfg
 
 
@@ -113,8 +115,8 @@ _CONFIG_KEY = {
     "mlp.moe.top_k": "num_experts_per_tok", "mlp.moe.n_group": "n_group", "mlp.moe.topk_group": "topk_group",
     "mlp.moe.renormalize": "norm_topk_prob", "mlp.moe.routed_scaling": "routed_scaling_factor",
     "logits.softcap": "final_logit_softcapping", "logits.tie_word_embeddings": "tie_word_embeddings",
-    "dtypes.experts": "quantization_config.quant_algo", "dtypes.kv_cache": "quantization_config.kv_cache_quant_algo",
-    "dtypes": "dtype",
+    "dtypes.kv_cache": "quantization_config.kv_cache_quant_algo",
+    "dtypes": "dtype",  # dtypes.experts too: only an unquantized experts dtype (from `dtype`) can be invalid
 }
 
 
@@ -191,14 +193,15 @@ def _rope_theta(c: dict[str, Any], cfg: dict[str, Any], reject) -> Any:
     return theta
 
 
-def _quant_dtypes(q: Any, reject) -> tuple[str, str]:
-    """(dtypes.experts, dtypes.kv_cache) from a ModelOpt quantization_config."""
+def _quant_dtypes(q: Any, reject) -> tuple[str | None, str]:
+    """(dtypes.experts, dtypes.kv_cache) from a ModelOpt quantization_config; experts None: not quantized (they are
+    stored in the checkpoint's `dtype`, like every other weight)."""
     if q is None:
-        return "bfloat16", "bfloat16"
+        return None, "bfloat16"
     if not isinstance(q, dict):
         reject("quantization_config", "expected a mapping (ModelOpt's quant_method/quant_algo/...) or null")
-        return "bfloat16", "bfloat16"
-    experts, kv = "bfloat16", "bfloat16"
+        return None, "bfloat16"
+    experts, kv = None, "bfloat16"
     if q.get("quant_method", "modelopt") != "modelopt":
         reject("quantization_config.quant_method", f"is {q['quant_method']!r}; beamc reads ModelOpt checkpoints only")
     algo = q.get("quant_algo")
@@ -281,17 +284,65 @@ def hf_config_to_spec(cfg: dict[str, Any], name: str, source: str = "config.json
                     "renormalize": c["norm_topk_prob"], "routed_scaling": c["routed_scaling_factor"]},
         },
         "logits": {"softcap": c["final_logit_softcapping"], "tie_word_embeddings": c["tie_word_embeddings"]},
-        "dtypes": {**{k: dtype for k in _STORED_DTYPES}, "experts": experts, "kv_cache": kv},
+        "dtypes": {**{k: dtype for k in _STORED_DTYPES}, "experts": experts or dtype, "kv_cache": kv},
     }
     try:
         spec = ModelSpec.model_validate(data)
     except ValidationError as err:
-        raise_problems(source, [(None, f"{_config_key(p)}: {m}") for p, m in validation_problems(err)], "config")
+        raise_problems(source, [(None, f"{_config_key(p)}: {m}") for p, m in validation_problems(err)
+                                # unquantized experts take `dtype`: their problem is the one reported for it
+                                if not (experts is None and p == ("dtypes", "experts"))], "config")
     if experts == "nvfp4":
         _check_nvfp4_scope(spec, c["quantization_config"], reject)
         if problems:
             raise_problems(source, problems, "config")
     return spec
+
+
+def config_mismatches(spec: ModelSpec, cfg: dict[str, Any], source: str = "config.json") -> list[str]:
+    """Where a checkpoint's config.json disagrees with the spec: one line per config key, with both values.
+
+    Every key `hf_config_to_spec` reads is compared, through the spec it makes: a config.json that import-hf rejects
+    raises that BeamcError. The spec side goes spec -> config -> spec too, so that facts config.json does not carry
+    (SSMax constants, rounding points, NVFP4 layout) are the defaults on both sides and never differ. Keys absent
+    from config.json mean BeamConfig's defaults, as for transformers. Deliberately not compared:
+    - name, initializer_range: not facts of the weights (initializer_range only draws random ones);
+    - the weight groups' dtypes: config.json has one `dtype` while a spec may store groups differently (norms in
+      fp32 ...), and the loader checks every tensor's stored dtype against the spec. `dtype` is compared with
+      dtypes.activations (what spec_to_hf_config writes), when config.json gives it;
+    - experts: only NVFP4 or not (quantization_config.quant_algo); an unquantized dtype is checked per tensor;
+    - dtypes.kv_cache: the KV cache format is the server's choice, not the checkpoint's (a bf16 cache ignores the
+      checkpoint's KV scales, an fp8 cache without them uses 1.0).
+    """
+    got = hf_config_to_spec(cfg, spec.name, source)
+    want = hf_config_to_spec(spec_to_hf_config(spec), spec.name)
+    out: dict[str, str] = {}  # config key -> line: one line per key (rms_norm_eps feeds two spec fields)
+
+    def add(key: str, path: str, a: Any, b: Any) -> None:
+        side = f"{a!r}" if key == path else f"{path} = {a!r}"
+        out.setdefault(key, f"{key}: spec has {side}, config.json has {b!r}")
+
+    def walk(a: Any, b: Any, path: tuple) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in a:
+                walk(a[k], b[k], path + (k,))
+        elif a != b:
+            add(_config_key(path), fmt_path(path), a, b)
+
+    skip = ("name", "initializer_range", "layers", "dtypes")  # layers: compared per layer below
+    a, b = want.model_dump(), got.model_dump()
+    walk({k: v for k, v in a.items() if k not in skip}, {k: v for k, v in b.items() if k not in skip}, ())
+    for key, x, y in (("layer_types", want.attention_types, got.attention_types),
+                      ("mlp_layer_types", want.mlp_types, got.mlp_types)):
+        if len(x) == len(y):  # else num_hidden_layers differs, and says so
+            for i in (i for i in range(len(x)) if x[i] != y[i]):
+                add(f"{key}[{i}]", f"{key}[{i}]", x[i], y[i])
+    if (want.dtypes.experts == "nvfp4") != (got.dtypes.experts == "nvfp4"):
+        add("quantization_config.quant_algo", "dtypes.experts", want.dtypes.experts,
+            "NVFP4" if got.dtypes.experts == "nvfp4" else None)
+    if (cfg.get("dtype") or cfg.get("torch_dtype")) and want.dtypes.activations != got.dtypes.activations:
+        add("dtype", "dtypes.activations", want.dtypes.activations, got.dtypes.activations)
+    return list(out.values())
 
 
 def _flow(v: Any) -> str:
@@ -330,17 +381,28 @@ def spec_to_yaml(spec: ModelSpec, header: str = "") -> str:
 
 def import_hf(config_path: str | Path, output: str | Path | None = None, name: str | None = None) -> ModelSpec:
     """`beamc import-hf`: write the spec YAML of a checkpoint's config.json (or its directory) to `output`/stdout."""
+    from beamc.errors import check_output_file, check_readable, read_error
+
+    max_bytes = 16 << 20  # a config.json is a few KB; a larger file is the wrong path
     p = Path(config_path)
-    if p.is_dir():
+    if p.is_dir() and (p.suffix != ".json" or (p / "config.json").exists()):  # a checkpoint directory
         p = p / "config.json"
-    if not p.is_file():
+    if not p.exists():
         raise BeamcError(str(p), "config file not found", "pass a checkpoint's config.json or its directory")
+    check_readable(p, "config")  # a directory named config.json, a FIFO, no permission
+    if p.stat().st_size > max_bytes:
+        raise BeamcError(str(p), f"larger than {max_bytes >> 20} MiB; a config.json is a few KB",
+                         "pass a checkpoint's config.json or its directory")
+    if output is not None:
+        check_output_file(output, "-o")
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise BeamcError(f"{p}:{e.lineno}", f"not valid JSON: {e.msg} (column {e.colno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BeamcError(str(p), f"cannot read the config: {e}") from None
+    except UnicodeDecodeError:
+        raise BeamcError(str(p), "not a UTF-8 text file; expected a config.json") from None
+    except OSError as e:
+        raise read_error(p, e, "config") from None
     if not isinstance(cfg, dict):
         raise BeamcError(str(p), f"expected a JSON object at the top level, got {type(cfg).__name__}")
     spec = hf_config_to_spec(cfg, name or p.resolve().parent.name or "beam", source=str(p))
@@ -349,10 +411,11 @@ def import_hf(config_path: str | Path, output: str | Path | None = None, name: s
         "Values config.json does not carry (SSMax q scale, rounding points, NVFP4 layout) are the ones\n"
         "transformers' Beam code hard-codes."))
     if output is None:
-        sys.stdout.write(text)
+        sys.stdout.write(text)  # only the YAML: it is piped
     else:
         try:
             Path(output).write_text(text)
         except OSError as e:
             raise BeamcError(str(output), f"cannot write the spec: {e.strerror}") from None
+        print(f"wrote {output}: the spec of {spec.name} (from {p})")
     return spec

@@ -15,9 +15,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from beamc.errors import BeamcError
-from beamc.spec.schema import ModelSpec, SpecError
+from beamc.errors import BeamcError, read_error
+from beamc.spec.schema import ModelSpec, SpecError, missing_dimensions
 
+MAX_SPEC_BYTES = 1 << 20  # a spec is a few KB; a larger file is the wrong path
 KeyPath = tuple  # a key path: keys (str) and list indices (int), e.g. ("layers", "attention", 3)
 
 
@@ -171,6 +172,11 @@ def parse_spec(data: Any, source: str = "<spec>", text: str | None = None) -> Mo
         problems.append((None, f"{err.path}: {err.message}"))
     if problems:
         raise_problems(source, problems)
+    missing = missing_dimensions(data, spec)  # only once the rest is valid: the layer kinds decide what is needed
+    if missing:
+        raise_problems(source, [(_line_for(lines, p[:-1]) if len(p) > 1 else None,
+                                 f"{fmt_path(p)}: a model dimension, required (no default is implied); "
+                                 f"add `{p[-1]}: ...`") for p in missing])
     return spec
 
 
@@ -181,12 +187,21 @@ def load_spec(path: str | Path) -> ModelSpec:
         raise BeamcError(str(p), "spec file not found", "pass a path such as models/beam.yaml")
     if p.is_dir():
         raise BeamcError(str(p), "is a directory, expected a spec YAML file", "pass a path such as models/beam.yaml")
+    if not p.is_file():  # /dev/zero, a FIFO: reading would never end or never return
+        raise BeamcError(str(p), "not a regular file, expected a spec YAML file",
+                         "pass a path such as models/beam.yaml")
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)  # bounded even where st_size lies (/proc files report 0)
+    except OSError as e:
+        raise read_error(p, e, "spec") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise BeamcError(str(p), f"larger than {MAX_SPEC_BYTES >> 20} MiB; a spec YAML file is a few KB",
+                         "pass a path such as models/beam.yaml")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BeamcError(str(p), "not a UTF-8 text file; expected a spec YAML file") from None
-    except OSError as e:
-        raise BeamcError(str(p), f"cannot read the spec: {e.strerror}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

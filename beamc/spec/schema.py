@@ -4,6 +4,12 @@
 layout and the report read these fields only. Unknown keys are errors (`extra="forbid"`), and cross-field
 consistency (heads divisible by kv heads, groups dividing experts, ...) is checked in `ModelSpec` validators so
 that one message names the key path at fault.
+
+Model dimensions (`REQUIRED`: vocabulary, hidden size, layers, heads, head dim, d_ff, experts, top-k, window) must
+be written in a spec (`beamc.spec.load` checks their presence once everything else is valid; the defaults below
+are Beam's and only document it). Every other default is transformers' `BeamConfig` default (or the constant its modeling
+code hard-codes), documented at the field. A field with one allowed value documents a fact beamc relies on: any
+other value is refused, never silently ignored.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 AttnType = Literal["sliding_attention", "full_attention"]
 MlpType = Literal["dense", "sparse"]
 FloatDtype = Literal["bfloat16", "float16", "float32"]
+Fp32 = Literal["float32"]  # a computation beamc (like transformers) does in fp32 and only in fp32
 
 
 class _Strict(BaseModel):
@@ -42,8 +49,8 @@ class LayerPattern(_Strict):
 class RopeSpec(_Strict):
     style: Literal["neox"] = "neox"  # rotate-half over the full rotary dim
     theta: float = Field(10000.0, gt=0)
-    rotary_dim: PositiveInt = 128
-    table_dtype: FloatDtype = "float32"  # cos/sin and the rotation are computed in this dtype, rounded once
+    rotary_dim: PositiveInt | None = Field(None, description="rotated dims; must equal head_dim (default)")
+    table_dtype: Fp32 = "float32"  # cos/sin and the rotation are computed in fp32, rounded once
 
 
 class QScaleSpec(_Strict):
@@ -52,11 +59,12 @@ class QScaleSpec(_Strict):
     length: float = Field(2048.0, gt=0)
     offset: float = 1.0
     exponent: float = 0.1
-    dtype: FloatDtype = "float32"
+    dtype: Fp32 = "float32"
 
 
 class SlidingSpec(_Strict):
     window: PositiveInt = 512
+    # true: a token sees keys (pos - window, pos] (transformers' sliding_window); false: [pos - window, pos]
     window_includes_current: bool = True
     rope: RopeSpec = RopeSpec()
 
@@ -69,8 +77,13 @@ class FullSpec(_Strict):
 class NormSpec(_Strict):
     type: Literal["rmsnorm"] = "rmsnorm"
     eps: float = Field(1e-6, gt=0)
-    weight_form: Literal["w", "1+w"] = "w"
-    compute_dtype: FloatDtype = "float32"
+    weight_form: Literal["w", "1+w"] = "w"  # w * x_hat (Beam), or (1 + w) * x_hat computed in fp32 (Gemma)
+    compute_dtype: Fp32 = "float32"
+
+    @property
+    def offset(self) -> float:
+        """What the weight is offset by: 0 for `w`, 1 for `1+w`."""
+        return 1.0 if self.weight_form == "1+w" else 0.0
 
 
 class GateSpec(_Strict):
@@ -85,7 +98,7 @@ class AttentionSpec(_Strict):
     head_dim: PositiveInt = 128
     bias: bool = False
     softmax_scale: Literal["inv_sqrt_head_dim"] = "inv_sqrt_head_dim"
-    softmax_dtype: FloatDtype = "float32"
+    softmax_dtype: Fp32 = "float32"
     qk_norm: NormSpec = NormSpec()
     output_gate: GateSpec = GateSpec()
     sliding: SlidingSpec = SlidingSpec()
@@ -103,13 +116,13 @@ class ResidualSpec(_Strict):
     type: Literal["depth_scaled"] = "depth_scaled"
     attn_n: ResidualIndex = ResidualIndex(scale=2, extra=0)
     mlp_n: ResidualIndex = ResidualIndex(scale=2, extra=1)
-    round_operands: bool = True  # both scaled operands are rounded to the activation dtype before the add
+    round_operands: Literal[True] = True  # both scaled operands are rounded to the activation dtype before the add
 
 
 class DenseMlpSpec(_Strict):
     d_ff: PositiveInt = 20480
     activation: Literal["silu"] = "silu"
-    act_dtype: FloatDtype = "float32"  # silu(gate) * up in this dtype, one rounding
+    act_dtype: Fp32 = "float32"  # silu(gate) * up in fp32, one rounding
 
 
 class MoeSpec(_Strict):
@@ -127,7 +140,7 @@ class MoeSpec(_Strict):
     scaling_point: Literal["after_aggregation"] = "after_aggregation"
     router_dtype: Literal["float32"] = "float32"
     activation: Literal["silu"] = "silu"
-    act_dtype: FloatDtype = "float32"
+    act_dtype: Fp32 = "float32"
     shared_experts: Literal[0] = 0
 
 
@@ -138,7 +151,7 @@ class MlpSpec(_Strict):
 
 class LogitsSpec(_Strict):
     softcap: float | None = Field(30.0, gt=0)
-    softcap_dtype: FloatDtype = "float32"
+    softcap_dtype: Fp32 = "float32"
     tie_word_embeddings: bool = False
 
 
@@ -158,7 +171,7 @@ class DtypeSpec(_Strict):
     norm_weights: FloatDtype = "bfloat16"
     lm_head: FloatDtype = "bfloat16"
     router: Literal["float32"] = "float32"
-    experts: Literal["nvfp4", "bfloat16"] = "nvfp4"
+    experts: Literal["nvfp4", "bfloat16", "float16", "float32"] = "nvfp4"  # NVFP4 (ModelOpt) or unquantized
     kv_cache: Literal["bfloat16", "fp8"] = "bfloat16"
 
 
@@ -192,11 +205,10 @@ class ModelSpec(_Strict):
                  "Beam's q/k/v/o projections have no bias and beamc has no bias tensors; set it to false")
         _require(a.num_heads % a.num_kv_heads == 0, "attention.num_heads",
                  f"num_heads ({a.num_heads}) must be a multiple of num_kv_heads ({a.num_kv_heads})")
-        _require(a.sliding.rope.rotary_dim <= a.head_dim and a.sliding.rope.rotary_dim % 2 == 0,
-                 "attention.sliding.rope.rotary_dim",
-                 f"must be even and <= head_dim ({a.head_dim}), got {a.sliding.rope.rotary_dim}")
-        _require(a.sliding.rope.rotary_dim == a.head_dim, "attention.sliding.rope.rotary_dim",
-                 "Beam rotates the full head dim; partial rotary is not supported")
+        rd = a.sliding.rope.rotary_dim
+        _require(a.head_dim % 2 == 0, "attention.head_dim", f"RoPE needs an even head_dim, got {a.head_dim}")
+        _require(rd is None or rd == a.head_dim, "attention.sliding.rope.rotary_dim",
+                 f"Beam rotates the full head dim ({a.head_dim}); partial rotary ({rd}) is not supported")
         _require(moe.num_experts % moe.n_group == 0, "mlp.moe.n_group",
                  f"n_group ({moe.n_group}) must divide num_experts ({moe.num_experts})")
         _require(moe.topk_group <= moe.n_group, "mlp.moe.topk_group",
@@ -249,9 +261,38 @@ class ModelSpec(_Strict):
             return list(lp.mlp)
         return ["dense"] * lp.dense_first + ["sparse"] * (self.num_layers - lp.dense_first)
 
+    @property
+    def effective_window(self) -> int:
+        """Keys a sliding-window token sees, itself included."""
+        s = self.attention.sliding
+        return s.window if s.window_includes_current else s.window + 1
+
     def residual_n(self, layer: int, sublayer: Literal["attn", "mlp"]) -> int:
         idx = self.residual.attn_n if sublayer == "attn" else self.residual.mlp_n
         return idx.scale * (layer + 1) + idx.extra
+
+
+# Key paths a spec must write (model dimensions): never implied from Beam's values. Dense d_ff is needed only when
+# some layer is dense (checked in `missing_dimensions`).
+REQUIRED = (("vocab_size",), ("hidden_size",), ("num_layers",), ("attention", "num_heads"),
+            ("attention", "num_kv_heads"), ("attention", "head_dim"), ("attention", "sliding", "window"),
+            ("mlp", "dense", "d_ff"), ("mlp", "moe", "num_experts"), ("mlp", "moe", "d_ff"), ("mlp", "moe", "top_k"))
+
+
+def missing_dimensions(data: dict, spec: "ModelSpec") -> list[tuple]:
+    """The REQUIRED key paths that the raw spec data does not write."""
+    out = []
+    for path in REQUIRED:
+        if path == ("mlp", "dense", "d_ff") and "dense" not in spec.mlp_types:
+            continue
+        if path[:2] == ("mlp", "moe") and "sparse" not in spec.mlp_types:
+            continue
+        node = data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            out.append(path)
+    return out
 
 
 class SpecError(ValueError):

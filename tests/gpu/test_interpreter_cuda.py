@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from beamc.checkpoint.loader import load_rank_weights
-from beamc.ir.session import ReferenceSession
-from beamc.passes.manager import PASSES, compiled_graphs
+from beamc.runtime.session import ReferenceSession
+from beamc.compiler import compile_graphs
+from beamc.passes.manager import PASSES
 from conftest import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.gpu
 def _run(spec, ckpt, device, dtype, passes, tp=1):
     tdt = torch.float32 if dtype == "f32" else torch.bfloat16
     weights = [load_rank_weights(spec, ckpt, tp=tp, rank=r, dtype=tdt, device=device) for r in range(tp)]
-    graphs = compiled_graphs(spec, tp=tp, dtype=dtype, passes=passes)
+    graphs = compile_graphs(spec, tp=tp, dtype=dtype, passes=passes)
     sess = ReferenceSession(spec, weights, tp=tp, dtype=dtype, device=device, max_len=96, max_chunk=70, graphs=graphs)
     g = torch.Generator().manual_seed(11)
     a, b = (torch.randint(0, spec.vocab_size, (n,), generator=g).tolist() for n in (70, 29))

@@ -1,8 +1,10 @@
 """The IR interpreter: executes a step graph with each op's torch reference, on CPU or CUDA.
 
 Tensor parallelism is simulated: the N rank graphs (same node sequence, per-rank shapes) run in lockstep in one
-process, and a collective node combines the ranks' values (`ops.run_collective`). KV caches are explicit state:
-`run` reads them from, and writes them back to, one dict per rank.
+process, and a collective node combines the ranks' values (`reference.RANK_REFS`). KV caches are explicit state:
+`run` reads them from, and writes them back to, one dict per rank. Every value an op produces is checked to be
+finite (a NaN weight or an overflow must not turn into a silently wrong token): the first op that produces a NaN or
+an Inf is named, with its layer.
 """
 from __future__ import annotations
 
@@ -11,14 +13,16 @@ from typing import Any
 import torch
 
 from beamc.errors import BeamcError
-from beamc.ir.graph import Graph, Value
-from beamc.ir.ops import OPS, TORCH_DTYPE
+from beamc.ir.dtypes import torch_dtype
+from beamc.ir.graph import Graph, Node, Value
+from beamc.ir.ops import OPS
+from beamc.ir.reference import RANK_REFS, REFS
 
 
 def _bind(v: Value, t: torch.Tensor, env: dict[str, int], what: str) -> None:
     """Check a runtime tensor against a value's (possibly symbolic) shape and dtype, binding symbols."""
-    if v.dtype in TORCH_DTYPE and t.dtype != TORCH_DTYPE[v.dtype]:
-        raise BeamcError(what, f"dtype {t.dtype}, expected {TORCH_DTYPE[v.dtype]}")
+    if t.dtype != torch_dtype(v.dtype):
+        raise BeamcError(what, f"dtype {t.dtype}, expected {torch_dtype(v.dtype)} ({v.dtype})")
     if len(t.shape) != len(v.shape):
         raise BeamcError(what, f"shape {tuple(t.shape)}, expected {v.shape}")
     for d, n in zip(v.shape, t.shape):
@@ -45,9 +49,10 @@ class Interpreter:
                 _bind(node.out, w[name], {}, f"rank {r} param {name}")
 
     def run(self, inputs: dict[str, torch.Tensor], states: list[dict[str, torch.Tensor]] | None = None,
-            record: dict[str, list[torch.Tensor]] | None = None) -> list[dict[str, torch.Tensor]]:
+            record: dict[str, list[torch.Tensor]] | None = None, check_finite: bool = True
+            ) -> list[dict[str, torch.Tensor]]:
         """Run one step on every rank; returns each rank's outputs. `record`, if given, collects every value by
-        name (per rank) for op-by-op comparisons."""
+        name (per rank) for op-by-op comparisons. `check_finite`: raise at the first op producing NaN/Inf."""
         R = len(self.graphs)
         states = states if states is not None else [{} for _ in range(R)]
         envs: list[dict[int, torch.Tensor]] = [{} for _ in range(R)]
@@ -56,7 +61,7 @@ class Interpreter:
             nodes = [g.nodes[i] for g in self.graphs]
             n0 = nodes[0]
             opdef = OPS[n0.op]
-            if n0.op in ("input", "param", "state"):
+            if opdef.leaf:
                 for r, n in enumerate(nodes):
                     name = n.attrs["name"]
                     src = {"input": inputs, "param": self.weights[r], "state": states[r]}[n0.op]
@@ -66,11 +71,13 @@ class Interpreter:
                     envs[r][id(n.out)] = src[name]
                 continue
             if opdef.is_collective(n0.attrs):
-                outs_per_rank = opdef.ref_ranks([[envs[r][id(v)] for v in n.inputs] for r, n in enumerate(nodes)],
-                                                n0.attrs)
+                outs_per_rank = RANK_REFS[n0.op]([[envs[r][id(v)] for v in n.inputs] for r, n in enumerate(nodes)],
+                                                 n0.attrs)
             else:
-                outs_per_rank = [opdef.ref([envs[r][id(v)] for v in n.inputs], n.attrs) for r, n in enumerate(nodes)]
+                outs_per_rank = [REFS[n0.op]([envs[r][id(v)] for v in n.inputs], n.attrs) for r, n in enumerate(nodes)]
             for r, (n, outs) in enumerate(zip(nodes, outs_per_rank)):
+                if check_finite:
+                    _check_finite(n, outs, r)
                 for v, t in zip(n.outputs, outs):
                     envs[r][id(v)] = t
                     if record is not None:
@@ -81,6 +88,19 @@ class Interpreter:
                 states[r][name] = envs[r][id(v)]
             results.append({k: envs[r][id(v)] for k, v in g.outputs.items()})
         return results
+
+
+def _check_finite(n: Node, outs: tuple[torch.Tensor, ...], rank: int) -> None:
+    """Raise when an op's (non-state) float output holds a NaN or an Inf, naming the op, its layer and the value."""
+    written = {o for _, o in OPS[n.op].state_io}  # caches: checked where they are written, not re-scanned
+    for i, (v, t) in enumerate(zip(n.outputs, outs)):
+        if i in written or not t.is_floating_point() or bool(torch.isfinite(t).all()):
+            continue
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        where = "embedding/head" if n.layer is None else f"layer {n.layer}"
+        raise BeamcError(f"{where}, op {n.op} (value {v.name}, rank {rank})",
+                         f"produced a non-finite value ({t[tuple(bad)].item()} at index {bad}); the ops before it "
+                         "were finite", "check the checkpoint's weights of this layer and the inputs of this step")
 
 
 def with_packed_weights(g: Graph, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -94,13 +114,3 @@ def with_packed_weights(g: Graph, weights: dict[str, torch.Tensor]) -> dict[str,
                 raise BeamcError(f"param {name}", f"packs {missing}, which the weights lack")
             packed[name] = torch.cat([weights[s] for s in node.attrs["pack"]], dim=node.attrs["dim"])
     return {**weights, **packed} if packed else weights
-
-
-def alloc_states(g: Graph, sizes: dict[str, int], device: Any = "cpu") -> dict[str, torch.Tensor]:
-    """Zeroed state tensors for a graph's `state` leaves, symbolic dims taken from `sizes` (S, Cs, Cf)."""
-    out = {}
-    for name, node in g.leaves("state").items():
-        v = node.out
-        shape = [sizes[d] if isinstance(d, str) else d for d in v.shape]
-        out[name] = torch.zeros(shape, dtype=TORCH_DTYPE[v.dtype], device=device)
-    return out

@@ -1,0 +1,97 @@
+"""Sequences in cache slots: which slot holds how many tokens, and whether a step fits, decided before it runs.
+
+Shared by the reference session and the compiled runtime. Full-attention layers keep `max_len` positions per slot;
+sliding layers keep a ring of `window - 1 + max_chunk` positions (a chunk's first token still sees its whole
+window when the chunk's last token is written). Every check happens before any cache is touched, so a refused
+step leaves every sequence's cache as it was.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from beamc.errors import BeamcError
+from beamc.ir.dtypes import torch_dtype
+from beamc.ir.graph import Graph
+from beamc.spec.schema import ModelSpec
+
+
+@dataclass
+class SlotTable:
+    spec: ModelSpec
+    max_seqs: int
+    max_len: int
+    max_chunk: int
+    lengths: list[int] = field(init=False)
+
+    def __post_init__(self):
+        for name in ("max_seqs", "max_len", "max_chunk"):
+            if getattr(self, name) < 1:
+                raise BeamcError(name, f"must be >= 1, got {getattr(self, name)}")
+        limit = self.spec.max_position_embeddings
+        if self.max_len > limit:
+            raise BeamcError("max_len", f"{self.max_len} exceeds the spec's max_position_embeddings ({limit})",
+                             "ask for a shorter context or raise max_position_embeddings in the spec")
+        self.lengths = [0] * self.max_seqs
+
+    @property
+    def ring(self) -> int:
+        """Positions a sliding layer's ring keeps per slot."""
+        w = self.spec.effective_window
+        return min(self.max_len, w - 1 + self.max_chunk)
+
+    def sizes(self) -> dict[str, int]:
+        """The symbolic cache dims of the graphs: S slots, Cs sliding ring, Cf full context."""
+        return {"S": self.max_seqs, "Cs": self.ring, "Cf": self.max_len}
+
+    def plan(self, chunks: list[tuple[int, list[int]]]) -> dict[str, list[int]]:
+        """input_ids, positions and slots of a step appending each chunk to its slot; raises before anything runs."""
+        if not chunks:
+            raise BeamcError("step", "no sequences given")
+        if len({s for s, _ in chunks}) != len(chunks):
+            raise BeamcError("step", "a slot appears twice in one step", "give each sequence's tokens once")
+        ids, pos, slots = [], [], []
+        for slot, toks in chunks:
+            if not isinstance(slot, int) or not 0 <= slot < self.max_seqs:
+                raise BeamcError("slot", f"{slot!r} is outside [0, {self.max_seqs})", "raise max_seqs")
+            if not toks:
+                raise BeamcError(f"slot {slot}", "empty token list")
+            if len(toks) > self.max_chunk:
+                raise BeamcError(f"slot {slot}", f"chunk of {len(toks)} tokens exceeds max_chunk={self.max_chunk}",
+                                 "split the prefill into chunks or raise max_chunk")
+            start = self.lengths[slot]
+            end = start + len(toks)
+            if end > self.spec.max_position_embeddings:
+                raise BeamcError(f"slot {slot}", f"length {end} exceeds the spec's max_position_embeddings "
+                                 f"({self.spec.max_position_embeddings})", "raise max_position_embeddings in the spec")
+            if end > self.max_len:
+                raise BeamcError(f"slot {slot}", f"length {end} exceeds max_len={self.max_len}", "raise max_len")
+            bad = [t for t in toks if isinstance(t, bool) or not isinstance(t, int)
+                   or not 0 <= t < self.spec.vocab_size]
+            if bad:
+                raise BeamcError(f"slot {slot}", f"token id {bad[0]!r} outside the vocabulary [0, {self.spec.vocab_size})")
+            ids += toks
+            pos += range(start, end)
+            slots += [slot] * len(toks)
+        return {"input_ids": ids, "positions": pos, "slots": slots}
+
+    def commit(self, chunks: list[tuple[int, list[int]]]) -> None:
+        for slot, toks in chunks:
+            self.lengths[slot] += len(toks)
+
+    def reset(self, slot: int) -> None:
+        if not 0 <= slot < self.max_seqs:
+            raise BeamcError("slot", f"{slot!r} is outside [0, {self.max_seqs})")
+        self.lengths[slot] = 0
+
+
+def alloc_states(g: Graph, sizes: dict[str, int], device: Any = "cpu") -> dict[str, torch.Tensor]:
+    """Zeroed state tensors for a graph's `state` leaves, symbolic dims taken from `sizes` (S, Cs, Cf)."""
+    out = {}
+    for name, node in g.leaves("state").items():
+        v = node.out
+        shape = [sizes[d] if isinstance(d, str) else d for d in v.shape]
+        out[name] = torch.zeros(shape, dtype=torch_dtype(v.dtype), device=device)
+    return out

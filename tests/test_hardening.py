@@ -1,0 +1,229 @@
+"""The interpreter and the IR refuse what would be a silently wrong result: swapped state write-backs, cache
+overruns (checked before anything is written), contexts past the spec's limit, non-finite activations; the spec
+fields that change numerics really change them (as the matching transformers variant does)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from beamc.errors import BeamcError
+from beamc.ir.lower import LowerOptions, lower
+from beamc.ir.verify import VerifyError, verify
+from beamc.runtime.interpret import Interpreter
+from beamc.runtime.kv_cache import alloc_states
+from beamc.runtime.session import ReferenceSession
+from beamc.spec import parse_spec
+from conftest import hf_logits, hf_model, rel_err
+
+
+def _ids(vocab: int, n: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _variant(spec, **changes):
+    """The spec with nested fields changed: _variant(s, **{"attention.sliding.window": 5})."""
+    data = spec.model_dump()
+    for path, value in changes.items():
+        node = data
+        *parents, last = path.split(".")
+        for k in parents:
+            node = node[k]
+        node[last] = value
+    return parse_spec(data)
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_spec, tiny_ckpt_nvfp4):
+    from beamc.checkpoint.loader import load_rank_weights
+
+    return [load_rank_weights(tiny_spec, tiny_ckpt_nvfp4, dtype=torch.float32)]
+
+
+# ---------------------------------------------------------------- verifier: state write-back
+def test_verify_refuses_k_and_v_written_back_swapped(tiny_spec):
+    g = lower(tiny_spec, LowerOptions(dtype="f32"))
+    g.state_out["kv.0.k"], g.state_out["kv.0.v"] = g.state_out["kv.0.v"], g.state_out["kv.0.k"]
+    with pytest.raises(VerifyError, match="state_out kv.0.k is .* which holds state kv.0.v, not kv.0.k"):
+        verify(g)
+
+
+def test_verify_refuses_a_cache_written_back_as_another_layers(tiny_spec):
+    g = lower(tiny_spec, LowerOptions(dtype="f32"))
+    g.state_out["kv.1.k"] = g.state_out["kv.2.k"]
+    with pytest.raises(VerifyError, match="state_out kv.1.k .* holds state kv.2.k"):
+        verify(g)
+
+
+def test_verify_refuses_a_non_state_written_back(tiny_spec):
+    g = lower(tiny_spec, LowerOptions(dtype="f32"))
+    g.state_out["kv.0.k"] = g.outputs["logits"]
+    with pytest.raises(VerifyError, match="not a state buffer"):
+        verify(g)
+
+
+# ---------------------------------------------------------------- caches
+def test_a_too_small_cache_is_refused_before_anything_is_written(tiny_spec, weights):
+    g = lower(tiny_spec, LowerOptions(dtype="f32"))
+    states = [alloc_states(g, {"S": 1, "Cs": 20, "Cf": 64})]
+    for t in states[0].values():
+        t.fill_(7.0)
+    before = {k: v.clone() for k, v in states[0].items()}
+    inputs = {"input_ids": torch.arange(30), "positions": torch.arange(30), "slots": torch.zeros(30, dtype=torch.long)}
+    with pytest.raises(BeamcError, match="slot 0 needs positions 0..29 in one step but the cache holds 20"):
+        Interpreter([g], weights).run(inputs, states)
+    assert all(torch.equal(before[k], states[0][k]) for k in before)  # nothing was overwritten
+
+
+def test_repeated_positions_in_one_step_are_refused(tiny_spec, weights):
+    """Two tokens of one slot at one position would scatter to one cache row: nondeterministic on CUDA."""
+    g = lower(tiny_spec, LowerOptions(dtype="f32"))
+    states = [alloc_states(g, {"S": 1, "Cs": 40, "Cf": 64})]
+    inputs = {"input_ids": torch.arange(4), "positions": torch.tensor([0, 1, 1, 2]), "slots": torch.zeros(4, dtype=torch.long)}
+    with pytest.raises(BeamcError, match="twice in one step"):
+        Interpreter([g], weights).run(inputs, states)
+
+
+def test_context_past_max_position_embeddings_is_refused(tiny_spec, weights):
+    short = _variant(tiny_spec, max_position_embeddings=24)
+    with pytest.raises(BeamcError, match="max_len: 64 exceeds the spec's max_position_embeddings"):
+        ReferenceSession(short, weights, max_len=64)
+    sess = ReferenceSession(short, weights, max_len=24, max_chunk=20)
+    sess.prefill([(0, list(range(20)))])
+    with pytest.raises(BeamcError, match=r"length 25 exceeds the spec's max_position_embeddings \(24\) \(raise "
+                                         r"max_position_embeddings in the spec\)"):
+        sess.prefill([(0, list(range(5)))])
+    assert sess.lengths[0] == 20
+
+
+def test_fp8_cache_scales_keep_values_past_448(tiny_spec):
+    """A plain e4m3 cast saturates at +-448; with the layer's k/v scale the cache holds x / scale and reads back
+    x to e4m3's precision."""
+    from beamc.ir.reference import kv_load, kv_write_ref
+
+    kc = torch.zeros(1, 8, 2, 32, dtype=torch.float8_e4m3fn)
+    vc = torch.zeros_like(kc)
+    k = torch.randn(3, 2, 32) * 2000.0
+    v = torch.randn(3, 2, 32) * 900.0
+    ks, vs = k.abs().max() / 448.0, v.abs().max() / 448.0
+    slot, pos = torch.zeros(3, dtype=torch.long), torch.arange(3)
+    kv_write_ref(kc, vc, k, v, slot, pos, ks, vs)
+    for cache, x, s in ((kc, k, ks), (vc, v, vs)):
+        back = kv_load(cache[0, :3], s)
+        assert x.abs().max() > 448 and ((back - x).abs() <= x.abs() * 2 ** -4 + s * 2 ** -9).all()
+
+
+def test_fp8_graph_reads_the_layers_kv_scales(tiny_spec):
+    fp8 = _variant(tiny_spec, **{"dtypes.kv_cache": "fp8"})
+    g = lower(fp8, LowerOptions())
+    node = next(n for n in g.nodes if n.op == "kv_write")
+    assert [v.producer.attrs["name"] for v in node.inputs[6:]] == [
+        "model.layers.0.self_attn.k_scale", "model.layers.0.self_attn.v_scale"]
+    attn = next(n for n in g.nodes if n.op == "attention")
+    assert attn.inputs[5:] == node.inputs[6:]
+
+
+# ---------------------------------------------------------------- the IR says what kernels read
+def test_nvfp4_experts_enter_the_graph_as_stored(tiny_spec):
+    g = lower(tiny_spec, LowerOptions())
+    node = next(n for n in g.nodes if n.op == "moe_experts")
+    assert node.attrs["format"] == "nvfp4"
+    assert [v.dtype for v in node.inputs[2:]] == ["e2m1x2", "f8e4m3", "f32", "e2m1x2", "f8e4m3", "f32"]
+    H, I, E = tiny_spec.hidden_size, tiny_spec.mlp.moe.d_ff, tiny_spec.mlp.moe.num_experts
+    assert node.inputs[2].shape == (E, 2 * I, H // 2) and node.inputs[3].shape == (E, 2 * I, H // 16)
+
+
+# ---------------------------------------------------------------- non-finite activations
+def test_a_non_finite_activation_names_the_op_and_layer(tiny_spec, weights):
+    w = {k: v.clone() for k, v in weights[0].items()}
+    w["model.layers.2.post_attention_layernorm.weight"][5] = float("inf")
+    sess = ReferenceSession(tiny_spec, [w], max_len=32, max_chunk=16)
+    with pytest.raises(BeamcError, match=r"layer 2, op rmsnorm \(value L2.post_attn_norm.*non-finite"):
+        sess.prefill([(0, list(range(8)))])
+    assert sess.lengths[0] == 0
+
+
+# ---------------------------------------------------------------- spec fields that change numerics
+def test_weight_form_one_plus_w_matches_the_gemma_style_norm(tiny_spec, tiny_spec_bf16, tiny_ckpt, monkeypatch):
+    """weight_form "1+w" everywhere: transformers' Beam with its RMSNorm computing (1 + w) * x_hat."""
+    import transformers.models.beam.modeling_beam as mb
+
+    spec = _variant(tiny_spec_bf16, **{"norm.weight_form": "1+w", "attention.qk_norm.weight_form": "1+w"})
+
+    def gemma_norm(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return ((1.0 + self.weight.float()) * h).to(x.dtype)
+
+    monkeypatch.setattr(mb.BeamRMSNorm, "forward", gemma_norm)
+    ids = _ids(spec.vocab_size, 24, 11)
+    ref = hf_logits(hf_model(tiny_ckpt, torch.float32), ids)
+    ours = ReferenceSession.from_checkpoint(spec, tiny_ckpt, max_len=32, max_chunk=32).prefill([(0, ids)])[0]
+    plain = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, max_len=32, max_chunk=32).prefill([(0, ids)])[0]
+    assert rel_err(ours, ref) < 1e-5 and rel_err(plain, ref) > 1e-2
+
+
+def test_window_excluding_current_sees_one_more_key(tiny_spec_bf16, tiny_ckpt):
+    """window_includes_current: false means keys [pos - window, pos]: transformers with sliding_window + 1."""
+    import json
+    import shutil
+
+    spec = _variant(tiny_spec_bf16, **{"attention.sliding.window_includes_current": False})
+    assert spec.effective_window == tiny_spec_bf16.attention.sliding.window + 1
+    ids = _ids(spec.vocab_size, 40, 12)
+    ours = ReferenceSession.from_checkpoint(spec, tiny_ckpt, max_len=48, max_chunk=40).prefill([(0, ids)])[0]
+    same = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, max_len=48, max_chunk=40).prefill([(0, ids)])[0]
+    from transformers import BeamConfig, BeamForCausalLM
+
+    cfg = BeamConfig.from_pretrained(tiny_ckpt)
+    cfg.sliding_window = spec.effective_window
+    model = BeamForCausalLM.from_pretrained(tiny_ckpt, config=cfg, dtype=torch.float32,
+                                            experts_implementation="eager").eval()
+    ref = hf_logits(model, ids)
+    assert rel_err(ours, ref) < 1e-5 and rel_err(same, ref) > 1e-4
+
+
+@pytest.mark.parametrize("path,value", [("residual.round_operands", False),
+                                        ("attention.sliding.rope.table_dtype", "bfloat16"),
+                                        ("mlp.dense.act_dtype", "bfloat16"), ("mlp.moe.act_dtype", "float16"),
+                                        ("norm.compute_dtype", "bfloat16"), ("logits.softcap_dtype", "bfloat16")])
+def test_unsupported_numerics_fields_are_refused_not_ignored(tiny_spec, path, value):
+    with pytest.raises(BeamcError, match=path.replace(".", r"\.")):
+        _variant(tiny_spec, **{path: value})
+
+
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_cut(tiny_spec, tmp_path):
+    """vocab 509 at TP 2: each rank holds 255 lm_head rows (the last one zero on rank 1); the gathered logits are cut
+    back to 509 columns and equal TP 1's."""
+    from beamc.checkpoint.init import init_weights
+
+    spec = _variant(tiny_spec, vocab_size=509)
+    init_weights(spec, tmp_path / "ck", seed=3)
+    g = lower(spec, LowerOptions(tp=2, rank=1))
+    assert next(n for n in g.nodes if n.op == "param" and n.attrs["name"] == "lm_head.weight").out.shape[0] == 255
+    ids = _ids(509, 20, 4)
+    one = ReferenceSession.from_checkpoint(spec, tmp_path / "ck", max_len=32, max_chunk=20).prefill([(0, ids)])[0]
+    two = ReferenceSession.from_checkpoint(spec, tmp_path / "ck", tp=2, max_len=32, max_chunk=20).prefill([(0, ids)])[0]
+    assert one.shape == two.shape == (20, 509) and rel_err(two, one) < 1e-5
+
+
+def test_compile_plans_without_torch(tmp_path):
+    """Op signatures are apart from their torch references: `beamc compile` (planning, report, package) never
+    imports torch or triton."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def imp(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('torch', 'triton'):\n"
+        "        raise ImportError('blocked ' + name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = imp\n"
+        "from beamc.cli import main\n"
+        f"sys.exit(main(['compile', {str(root / 'models/beam.yaml')!r}, '--tp', '8', '--report']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "in launch order: 9 ops" in r.stdout
