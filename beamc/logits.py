@@ -125,6 +125,13 @@ def logits_command(args: argparse.Namespace) -> None:
     check_tp(spec, args.tp)
     names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
     seqs, steps = read_batch(args.input, spec.vocab_size)
+    limit = spec.max_position_embeddings
+    too_long = [i for i, sq in enumerate(seqs) if len(sq) + steps > limit]
+    if too_long:
+        i = too_long[0]
+        raise BeamcError(f"{args.input}: sequences[{i}]", f"{len(seqs[i])} tokens + {steps} decode steps exceed the "
+                         f"spec's max_position_embeddings ({limit})",
+                         "shorten the input or raise max_position_embeddings in the spec")
     check_checkpoint_readable(spec, args.checkpoint)
     dtype = ir_dtype(args.dtype)
     graphs = compile_graphs(spec, tp=args.tp, dtype=dtype, passes=names)

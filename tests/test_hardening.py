@@ -227,3 +227,19 @@ def test_compile_plans_without_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "in launch order: 9 ops" in r.stdout
+
+
+def test_logits_refuses_a_batch_longer_than_the_spec_allows(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from beamc.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    batch = tmp_path / "b.json"
+    batch.write_text(json.dumps({"sequences": [[7] * 1000], "decode_steps": 30}))
+    assert main(["logits", str(root / "models/beam-tiny.yaml"), "--checkpoint", str(tmp_path), "--input", str(batch),
+                 "-o", str(tmp_path / "o.safetensors")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("1000 tokens + 30 decode steps exceed the spec's max_position_embeddings (1024) (shorten the "
+                        "input or raise max_position_embeddings in the spec)") and "\n" not in err
