@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the generated package (manifest.json, kernels/*.py, step.py) of --rank to DIR")
     c.add_argument("--target", choices=["sm90", "sm100"], default="sm90",
                    help="GPU target of the generated package: sm90 (Hopper, H100/H200) or sm100 (Blackwell)")
+    c.add_argument("--pdl", action="store_true",
+                   help="generate kernels with Programmatic Dependent Launch (compile-checked; not yet verified on "
+                        "a GPU, so off by default)")
     c.set_defaults(fn=_cmd_compile)
 
     h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")

@@ -199,9 +199,9 @@ def compile_command(args: argparse.Namespace) -> None:
     if getattr(args, "output", None):
         from beamc.codegen.package import compile_package
 
-        pkg = compile_package(spec, target=args.target, tp=args.tp, rank=args.rank, passes=names)
+        pkg = compile_package(spec, target=args.target, tp=args.tp, rank=args.rank, passes=names, pdl=args.pdl)
         out = pkg.write(args.output)
-        lib = sum(1 for st in pkg.steps.values() for _, ln in st.launches if ln.kernel is None and ln.library != "view")
+        lib = sum(1 for st in pkg.steps.values() for _, ln in st.launches if ln.kernel is None)
         print(f"wrote {out}: {len(pkg.kernels)} generated kernels ({args.target}), step.py "
               f"({', '.join(f'{p} {len(s.launches)} launches' for p, s in pkg.steps.items())}; {lib} library calls), "
               "manifest.json")

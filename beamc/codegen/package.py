@@ -1,0 +1,178 @@
+"""`beamc compile -o DIR`: the generated package of one TP rank.
+
+DIR/manifest.json   spec name + hash, target, tp/rank, passes, dtypes; every kernel (template, constants, grid rule,
+                    the IR values it reads and writes, weights and their load-time layout, measured or not); every
+                    library call with the issue that replaces it; the scratch buffers of each step
+DIR/kernels/*.py    one readable Triton module per distinct kernel (nodes with equal constants share one)
+DIR/step.py         the decode and prefill schedules: one launch per line in graph order, grouped by layer
+DIR/__init__.py     makes DIR importable (`import DIR.step`)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from beamc.codegen.emitters import Launch
+from beamc.codegen.kernel import KernelSpec, TEMPLATES
+from beamc.codegen.registry import Context, launches
+from beamc.compiler import compile_spec
+from beamc.errors import BeamcError, ensure_dir
+from beamc.ir.graph import Graph
+from beamc.ir.lower import layer_kind
+from beamc.ir.ops import OPS
+from beamc.spec.schema import ModelSpec
+
+TARGETS = {"sm90": 90, "sm100": 100}
+MEASURED = {"sm90": "checked on the H200 by tests/gpu (see bench/results/)",
+            "sm100": "never: Blackwell is emitted and compile-checked for sm_100a only, never run here"}
+
+
+@dataclass
+class Step:
+    phase: str
+    graph: Graph
+    launches: list[tuple[Any, Launch]] = field(default_factory=list)  # (node, launch) in graph order
+
+
+@dataclass
+class Package:
+    spec: ModelSpec
+    target: str
+    tp: int
+    rank: int
+    passes: list[str]
+    steps: dict[str, Step]
+    kernels: dict[str, KernelSpec]  # name -> spec, distinct kernels only
+
+    def manifest(self) -> dict[str, Any]:
+        spec_json = self.spec.model_dump_json()
+        uses: dict[str, dict[str, Any]] = {}
+        library: dict[str, dict[str, Any]] = {}
+        for st in self.steps.values():
+            for node, ln in st.launches:
+                if ln.kernel is None:
+                    entry = library.setdefault(ln.library, {"pending": ln.pending, "ops": set(), "launches": {}})
+                    entry["ops"].add(node.op)
+                    entry["launches"][st.phase] = entry["launches"].get(st.phase, 0) + 1
+                    continue
+                u = uses.setdefault(ln.kernel.name, {"phases": {}, "example": None})
+                u["phases"][st.phase] = u["phases"].get(st.phase, 0) + 1
+                if u["example"] is None:
+                    u["example"] = _io_record(node, ln, st.graph)
+        kernels = {}
+        for name, k in self.kernels.items():
+            kernels[name] = {"template": f"{k.template}.py.j2", "op": k.op, "constants": k.constants,
+                             "grid": _grid_rule(k), "launches_per_step": uses[name]["phases"],
+                             **uses[name]["example"], "measured_on_hardware": MEASURED[self.target]}
+        return {
+            "spec": {"name": self.spec.name, "sha256": hashlib.sha256(spec_json.encode()).hexdigest()},
+            "target": self.target, "arch": f"sm_{TARGETS[self.target]}a", "tp": self.tp, "rank": self.rank,
+            "passes": self.passes,
+            "dtypes": self.spec.dtypes.model_dump(),
+            "kernels": kernels,
+            "library_calls": {k: {**v, "ops": sorted(v["ops"])} for k, v in library.items()},
+            "steps": {p: {"launches": len(st.launches), "scratch": _scratch(st)} for p, st in self.steps.items()},
+        }
+
+    def write(self, out_dir: str | Path) -> Path:
+        out = ensure_dir(out_dir, "-o")
+        kdir = ensure_dir(out / "kernels", "-o")
+        for old in kdir.glob("*.py"):  # a previous package's kernels must not linger beside this one's
+            old.unlink()
+        (kdir / "__init__.py").write_text("")
+        for name, k in self.kernels.items():
+            (kdir / f"{name}.py").write_text(k.source())
+        (out / "__init__.py").write_text(f'"""beamc package of {self.spec.name} for {self.target}, TP rank '
+                                         f'{self.rank} of {self.tp}."""\n')
+        (out / "step.py").write_text(render_steps(self))
+        (out / "manifest.json").write_text(json.dumps(self.manifest(), indent=1, default=_jsonable) + "\n")
+        return out
+
+
+def _jsonable(x):
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return str(x)
+
+
+def _io_record(node, ln: Launch, g: Graph) -> dict[str, Any]:
+    """What one launch reads and writes, with the weights and their load-time layout."""
+    vals = {v.name: v for v in node.inputs + node.outputs}
+    params = {v.name: v.producer for v in node.inputs if v.producer is not None and v.producer.op == "param"}
+    return {
+        "args": [{"name": a, "shape": list(vals[a].shape), "dtype": vals[a].dtype} if a in vals else {"name": a}
+                 for a in ln.args],
+        "weights": [{"param": p.attrs["name"], "shape": list(p.out.shape), "dtype": p.out.dtype,
+                     "layout": ({"packed_from": p.attrs["pack"], "dim": p.attrs["dim"]} if "pack" in p.attrs
+                                else "as stored (this rank's slice)")} for p in params.values()],
+        "example_node": {"layer": node.layer, "op": node.op},
+    }
+
+
+def _grid_rule(k: KernelSpec) -> str:
+    """The template's GRID line (read from the rendered text: no import needed)."""
+    for line in k.source().splitlines():
+        if line.startswith("GRID"):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    return "see the launcher"
+
+
+def _scratch(st: Step) -> list[dict[str, Any]]:
+    """The step's scratch buffers, one per role."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, ln in st.launches:
+        for n, s, d in ln.scratch:
+            out.setdefault(n, {"name": n, "shape": list(s), "dtype": d})
+    return list(out.values())
+
+
+def render_steps(pkg: Package) -> str:
+    """step.py: per phase, a function that issues every launch in graph order over a dict of buffers."""
+    from beamc.codegen.kernel import render
+
+    phases = []
+    for phase, st in pkg.steps.items():
+        lines, last_layer = [], object()
+        for node, ln in st.launches:
+            if node.layer != last_layer:
+                last_layer = node.layer
+                kind = layer_kind(pkg.spec, node.layer) if node.layer is not None else "embedding / head"
+                lines.append(f"    # ---- layer {node.layer} ({kind})" if node.layer is not None else f"    # ---- {kind}")
+            args = ", ".join([f"v[{a!r}]" for a in ln.args] + [f"{k}={v!r}" for k, v in ln.kwargs])
+            if ln.kernel is not None:
+                lines.append(f"    K[{ln.kernel.name!r}].launch({args})  # {node.op}")
+            else:
+                lines.append(f"    L.{ln.library}({args})  # {node.op}: library call ({ln.pending})")
+        phases.append({"name": phase, "body": "\n".join(lines) or "    pass", "launches": len(st.launches)})
+    return render("step", spec_name=pkg.spec.name, target=pkg.target, tp=pkg.tp, rank=pkg.rank,
+                  passes=pkg.passes, kernels=sorted(pkg.kernels), phases=phases, DTYPE="")
+
+
+def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
+                    passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
+                    phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = False) -> Package:
+    """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
+    Programmatic Dependent Launch (compile-checked; off by default until measured and verified on the H200)."""
+    if target not in TARGETS:
+        raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
+    compiled = compile_spec(spec, tp=tp, ranks=[rank], passes=passes, phases=phases, dtype=dtype, logits="last")
+    ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl)
+    steps, kernels = {}, {}
+    for phase in phases:
+        g = compiled.graphs[phase][0]
+        st = Step(phase, g)
+        for node in g.nodes:
+            if OPS[node.op].leaf:
+                continue
+            for ln in launches(node, g, ctx):
+                if ln.library == "view":  # free: a view of its input, nothing to launch
+                    continue
+                st.launches.append((node, ln))
+                if ln.kernel is not None:
+                    kernels.setdefault(ln.kernel.name, ln.kernel)
+        steps[phase] = st
+    assert (TEMPLATES / "step.py.j2").exists()
+    return Package(spec, target, tp, rank, list(passes), steps, kernels)

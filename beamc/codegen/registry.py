@@ -1,0 +1,48 @@
+"""Codegen's registry: IR op name -> emitter, beside the reference registry (`beamc.ir.reference.REFS`) keyed by the
+same names. An emitter turns one IR node into its launches: generated kernels (a template specialised with the
+node's constants) and, where this stage has no kernel yet, named library calls (cuBLAS through torch, NCCL through
+torch.distributed) that the step file and the manifest say are library calls. An op with no emitter is a compile
+error naming the op and the layer: never a silent fallback to the interpreter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from beamc.errors import BeamcError
+from beamc.ir.graph import Graph, Node
+
+
+@dataclass(frozen=True)
+class Context:
+    target: str  # "sm90" | "sm100"
+    dtype: str  # activation IR dtype (bf16 for real packages; f32 for CPU test instances)
+    pdl: bool = False  # Programmatic Dependent Launch in every kernel (off until an H200 run verifies it)
+
+
+if TYPE_CHECKING:
+    from beamc.codegen.emitters import Launch
+
+Emitter = Callable[[Node, Graph, Context], "list[Launch]"]
+EMITTERS: dict[str, Emitter] = {}
+
+
+def emits(*ops: str):
+    def deco(fn: Emitter) -> Emitter:
+        for op in ops:
+            EMITTERS[op] = fn
+        return fn
+    return deco
+
+
+def launches(node: Node, g: Graph, ctx: Context) -> "list[Launch]":
+    """The launches of one node, or one BeamcError naming the op and layer that nothing can compile."""
+    if node.op not in EMITTERS:
+        where = "embedding/head" if node.layer is None else f"layer {node.layer}"
+        raise BeamcError(f"{g.name}: {where}, op {node.op}", "no kernel or library emitter for this op",
+                         "run the fusion passes that produce the fused ops (--passes all), or add an emitter in "
+                         "beamc/codegen/emitters.py")
+    return EMITTERS[node.op](node, g, ctx)
+
+
+import beamc.codegen.emitters  # noqa: E402,F401  (registers the emitters)

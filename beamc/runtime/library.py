@@ -1,0 +1,69 @@
+"""Library calls of a generated step, for the ops this stage has no kernel for yet (each names its issue in the
+manifest). Each takes the op's inputs then its outputs, like a generated launcher, and writes the outputs in place.
+"""
+from __future__ import annotations
+
+import torch
+
+from beamc.ir import reference as R
+
+
+def linear(x, w, out):
+    """cuBLAS GEMM: out = x @ w^T (in x's dtype, fp32 accumulation)."""
+    torch.mm(x.reshape(-1, x.shape[-1]), w.t(), out=out.reshape(-1, out.shape[-1]))
+
+
+def linear2(x, w1, w2, out1, out2):
+    """Two GEMMs over the same input (gate and up, before the SwiGLU kernel)."""
+    linear(x, w1, out1)
+    linear(x, w2, out2)
+
+
+def linear_packed(x, w, *outs):
+    """One GEMM over the packed weight, its column blocks copied into the parts' buffers."""
+    y = x @ w.t()
+    lo = 0
+    for o in outs:
+        o.copy_(y[..., lo:lo + o.shape[-1]])
+        lo += o.shape[-1]
+
+
+def moe_experts_dense(x, idx, gu, down, out):
+    out.copy_(R.moe_experts_ref(x, idx, gu, down, fmt="dense"))
+
+
+def moe_experts_nvfp4(x, idx, *params_and_out):
+    *params, out = params_and_out
+    out.copy_(R.moe_experts_ref(x, idx, *params, fmt="nvfp4"))
+
+
+def attention(q, kc, vc, slot, pos, *scales_and_out, window=None, scale=None):
+    *scales, out = scales_and_out
+    out.copy_(R.attention_ref(q, kc, vc, slot, pos, *scales, window=window, scale=scale))
+
+
+def moe_combine_scale(y, w, idx, out, scale=None):
+    """One rank's MoE combine (x routed scale), before the all-reduce."""
+    c = R.moe_combine_ref(y, w, idx)
+    out.copy_(c * scale if scale is not None else c)
+
+
+def gather_rows(x, rows, out):
+    torch.index_select(x, 0, rows, out=out)
+
+
+def all_reduce(x, out):
+    import torch.distributed as dist
+
+    out.copy_(x)
+    if dist.is_initialized():
+        dist.all_reduce(out)
+
+
+def all_gather(x, out):
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    cat = torch.cat(parts, dim=-1)
+    out.copy_(cat[..., : out.shape[-1]])

@@ -1,0 +1,142 @@
+"""The code generator: `beamc compile -o` writes an importable package; every kernel of a package equals its op's
+reference (fp32 instances under Triton's CPU interpreter) and compiles ahead of time for sm_90a and sm_100a."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from beamc.codegen.kernel import aot_compile, load_kernel
+from beamc.codegen.package import compile_package
+from beamc.errors import BeamcError
+from beamc.passes.manager import PASSES
+from beamc.spec import load_spec
+from beamc.spec.hf import spec_to_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = list(PASSES)
+
+
+@contextlib.contextmanager
+def triton_interpreter(on: bool):
+    """TRITON_INTERPRET is read when a kernel module is imported (at @triton.jit): set it around the load."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def test_compile_writes_an_importable_package(tmp_path, capsys):
+    from beamc.cli import main
+
+    assert main(["compile", str(ROOT / "models/beam-tiny.yaml"), "-o", str(tmp_path / "pkg")]) == 0
+    assert "generated kernels (sm90)" in capsys.readouterr().out
+    man = json.loads((tmp_path / "pkg/manifest.json").read_text())
+    assert man["target"] == "sm90" and man["passes"] == ALL and man["spec"]["name"] == "Beam-tiny"
+    templates = {k["template"] for k in man["kernels"].values()}
+    assert {"rmsnorm_boundary.py.j2", "qk_norm_pos_kv.py.j2", "sigmoid_gate.py.j2", "moe_router.py.j2",
+            "embed_norm.py.j2", "swiglu.py.j2", "softcap.py.j2"} <= templates
+    k = next(v for v in man["kernels"].values() if v["op"] == "qk_norm_pos_kv")
+    assert k["constants"]["MODE"] in ("rope", "ssmax") and k["grid"] and k["weights"][0]["param"].endswith("q_norm.weight")
+    phases = {name: sorted(v["launches_per_step"]) for name, v in man["kernels"].items()}
+    router = sorted(p for name, p in phases.items() if name.startswith("moe_router"))
+    assert router == [["decode"], ["prefill"]]  # small-M path for decode, tensor cores for prefill
+    assert all(p == ["decode", "prefill"] for name, p in phases.items() if not name.startswith("moe_router"))
+    assert "moe_experts_nvfp4" in man["library_calls"] and "issue 8" in man["library_calls"]["linear"]["pending"]
+    step = (tmp_path / "pkg/step.py").read_text()
+    assert "def decode(v):" in step and "def prefill(v):" in step and "# ---- layer 7 (full+sparse)" in step
+    assert step.count("K[") == sum(sum(v["launches_per_step"].values()) for v in man["kernels"].values())
+    r = subprocess.run([sys.executable, "-c", "import pkg.step as s; print(len(s.K), callable(s.decode))"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.split() == [str(len(man["kernels"])), "True"], r.stderr[-2000:]
+
+
+def test_sm100_package_says_it_was_never_measured():
+    pkg = compile_package(load_spec(ROOT / "models/beam-tiny.yaml"), target="sm100", passes=ALL, phases=("decode",))
+    man = pkg.manifest()
+    assert man["arch"] == "sm_100a"
+    assert all(v["measured_on_hardware"].startswith("never") for v in man["kernels"].values())
+
+
+def test_an_op_without_emitter_is_a_compile_error_naming_op_and_layer():
+    with pytest.raises(BeamcError, match=r"layer 0, op rmsnorm: no kernel or library emitter .*--passes all"):
+        compile_package(load_spec(ROOT / "models/beam-tiny.yaml"), phases=("decode",),
+                        passes=[p for p in ALL if p != "norm_residual_norm"])
+    with pytest.raises(BeamcError, match=r"embedding/head, op embed: no kernel"):
+        compile_package(load_spec(ROOT / "models/beam-tiny.yaml"), passes=[], phases=("decode",))
+
+
+def test_unknown_target():
+    with pytest.raises(BeamcError, match="--target: unknown target 'sm80'"):
+        compile_package(load_spec(ROOT / "models/beam-tiny.yaml"), target="sm80")
+
+
+ODD = {"hidden_size": 320, "attention.head_dim": 64, "attention.sliding.window": 5, "attention.num_heads": 4,
+       "attention.num_kv_heads": 2, "mlp.moe.d_ff": 48, "mlp.dense.d_ff": 96}
+
+
+def _spec(name: str):
+    spec = load_spec(ROOT / "models/beam-tiny.yaml")
+    if name == "odd":
+        from test_hardening import _variant
+
+        spec = _variant(spec, **{"attention.sliding.rope.rotary_dim": 64, **ODD})
+    return spec
+
+
+@pytest.mark.parametrize("spec_name", ["tiny", "odd"])
+def test_every_kernel_of_the_package_equals_its_reference_fp32(spec_name, tmp_path):
+    """fp32 instances of every distinct kernel of the package (decode at 3 tokens, prefill at 37), under
+    TRITON_INTERPRET=1 in a process of their own (the interpreter and compiled kernels do not mix in one process),
+    on fresh random inputs with poisoned outputs vs the op's reference: the templates compute what the IR ops mean."""
+    spec = _spec(spec_name)
+    (tmp_path / "spec.yaml").write_text(spec_to_yaml(spec))
+    r = subprocess.run([sys.executable, "-m", "beamc.codegen.selfcheck", str(tmp_path / "spec.yaml"), "--dtype", "f32",
+                        "--tokens", "3,37", "--json", str(tmp_path / "rows.json")],
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    for row in rows:
+        assert row["nan"] == 0 and row["int_mismatches"] == 0 and row["max_rel"] < 1e-5, row
+    ops = {row["op"] for row in rows}
+    assert {"embed_norm", "boundary", "qk_norm_pos_kv", "sigmoid_gate", "moe_router", "gate_up_swiglu",
+            "linear_softcap"} <= ops
+    assert len({row["kernel"] for row in rows if row["op"] == "boundary"}) == 2 * spec.num_layers
+
+
+def _aot(job: tuple[str, str, int]) -> tuple[str, int, int]:
+    """Compile one generated module for one arch (in a worker process: fresh Triton state, no interpreter)."""
+    name, source, arch = job
+    os.environ["TRITON_INTERPRET"] = "0"
+    import tempfile
+
+    from beamc.codegen.kernel import load_source
+
+    mod = load_source(source, name, tempfile.mkdtemp())
+    return name, arch, len(aot_compile(mod, arch).asm["cubin"])
+
+
+def test_every_kernel_compiles_ahead_of_time_for_sm90a_and_sm100a():
+    """Every bf16 kernel of the tiny spec's package and of the full spec's TP-8 rank-0 package, compiled for sm_90a
+    (Hopper) and sm_100a (Blackwell) with no GPU: any compile error fails here."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = []
+    for spec_path, tp in (("models/beam-tiny.yaml", 1), ("models/beam.yaml", 8)):
+        for target, arch in (("sm90", 90), ("sm100", 100)):
+            pkg = compile_package(load_spec(ROOT / spec_path), target=target, tp=tp, passes=ALL)
+            jobs += [(name, k.source(), arch) for name, k in pkg.kernels.items()]
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_aot, jobs, chunksize=4))
+    assert len(done) == len(jobs) > 200 and all(n > 0 for _, _, n in done)

@@ -1,0 +1,425 @@
+"""Generated kernels `qk_norm_pos_kv` and `moe_router` on CPU.
+
+fp32 instances of the templates run under Triton's interpreter against the torch references on random fp32 inputs,
+outputs and caches poisoned with NaN first (a few rendered with PDL on: the gdc calls are skipped there); every bf16
+variant is compiled ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes and the tiny spec's, with
+Programmatic Dependent Launch (the default for bf16) and, for the tiny spec, without: the PTX holds
+griddepcontrol.launch_dependents and griddepcontrol.wait exactly when PDL is on, with no store before a wait, and no
+flush-to-zero arithmetic. Bitwise checks on bf16 are the GPU test's (tests/gpu/).
+
+Why a subprocess: triton.jit picks the interpreter at decoration time, for our kernels and for Triton's own
+`tl.sum`/`tl.max`/... (decorated when triton.language is first imported); the two kinds cannot call each other. So
+the interpreter cases run in one child process started with TRITON_INTERPRET=1 (this file run as a script), and
+the ahead-of-time compiles in fresh spawned processes without it; this process never imports triton.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.ir.reference import REFS, kv_store, q_scale_ref, rmsnorm_ref, rope_ref
+from beamc.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SMEM_LIMIT = 232448  # bytes of shared memory a block may use on sm_90 / sm_100
+
+
+# ---------------------------------------------------------------- constants of the kernels, from a spec
+def qk_constants(spec, tp: int, mode: str, dtype: str = "bf16", cache: str = "bf16", page: int | None = None) -> dict:
+    """The qk_norm_pos_kv template's constants for one attention layer kind of `spec` at tensor-parallel size tp."""
+    a = spec.attention
+    c = dict(DTYPE=dtype, CACHE_DTYPE=cache, HQ=a.num_heads // tp, HKV=max(a.num_kv_heads // tp, 1),
+             HEAD_DIM=a.head_dim, EPS=a.qk_norm.eps, NORM_OFFSET=a.qk_norm.offset, MODE=mode, PAGED=page is not None)
+    if mode == "rope":
+        c["THETA"] = a.sliding.rope.theta
+    else:
+        qs = a.full.q_scale
+        c.update(LENGTH=qs.length, POS_OFFSET=qs.offset, EXPONENT=qs.exponent)
+    if page is not None:
+        c["PAGE_SIZE"] = page
+    return c
+
+
+def router_constants(spec, path: str, dtype: str = "bf16") -> dict:
+    m = spec.mlp.moe
+    return dict(DTYPE=dtype, H=spec.hidden_size, E=m.num_experts, N_GROUP=m.n_group, TOPK_GROUP=m.topk_group,
+                TOP_K=m.top_k, RENORMALIZE=m.renormalize, EPS=m.renorm_eps, PATH=path)
+
+
+# An odd attention spec: head_dim 64, window 5, (1 + w) norm weights, another theta, a length that is no power of 2.
+ODD_QK = dict(HQ=6, HKV=3, HEAD_DIM=64, EPS=1e-5, NORM_OFFSET=1.0, THETA=1e6, LENGTH=1000.0, POS_OFFSET=3.0,
+              EXPONENT=0.3)
+ODD_WINDOW = 5
+# An odd router: K not a multiple of the chunk, experts / groups / top-k no powers of 2, no renormalisation.
+ODD_ROUTER = dict(H=320, E=24, N_GROUP=3, TOPK_GROUP=2, TOP_K=3, RENORMALIZE=False, EPS=1e-20)
+
+
+def odd_qk_constants(mode: str, dtype: str = "bf16", cache: str = "bf16", page: int | None = None) -> dict:
+    c = dict(ODD_QK, DTYPE=dtype, CACHE_DTYPE=cache, MODE=mode, PAGED=page is not None)
+    for k in (("LENGTH", "POS_OFFSET", "EXPONENT") if mode == "rope" else ("THETA",)):
+        c.pop(k)
+    if page is not None:
+        c["PAGE_SIZE"] = page
+    return c
+
+
+# ---------------------------------------------------------------- references
+def qk_reference(c: dict, q, k, v, wq, wk, pos, cache_dtype=None, k_scale=None, v_scale=None):
+    """(q_out, K row, V row) per token, composed from the parts REFS['qk_norm_pos_kv'] composes (rmsnorm ->
+    rope / q_scale -> kv_store), with the norm's weight offset and the SSMax offset kept apart."""
+    qn = rmsnorm_ref(q, wq, c["EPS"], c["NORM_OFFSET"])
+    kn = rmsnorm_ref(k, wk, c["EPS"], c["NORM_OFFSET"])
+    if c["MODE"] == "rope":
+        qo, kn = rope_ref(qn, pos, c["THETA"]), rope_ref(kn, pos, c["THETA"])
+    else:
+        qo = q_scale_ref(qn, pos, dict(length=c["LENGTH"], offset=c["POS_OFFSET"], exponent=c["EXPONENT"]))
+    cd = cache_dtype or q.dtype
+    return qo, kv_store(kn, cd, k_scale), kv_store(v, cd, v_scale)
+
+
+def router_ties(logits: torch.Tensor, bias: torch.Tensor, c: dict, tol: float) -> torch.Tensor:
+    """Tokens whose choice hangs on near-equal values (torch.topk's order among ties is unspecified, and logits
+    summed in another order move by ~1e-7): adjacent sorted group scores within the kept groups (+1), or adjacent
+    sorted choices within the top-k (+1), closer than tol."""
+    E, G = c["E"], c["N_GROUP"]
+    choice = logits.float().sigmoid() + bias
+    gs = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1).sort(-1, descending=True)[0]
+    n = min(c["TOPK_GROUP"] + 1, G)
+    tie = ((gs[:, : n - 1] - gs[:, 1:n]).abs().min(-1)[0] < tol if n > 1
+           else torch.zeros(len(gs), dtype=torch.bool, device=gs.device))
+    gidx = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1).topk(c["TOPK_GROUP"], dim=-1)[1]
+    keep = torch.zeros(len(choice), G, dtype=torch.bool, device=choice.device).scatter_(1, gidx, True)
+    keep = keep.repeat_interleave(E // G, dim=1)
+    cs = choice.masked_fill(~keep, float("-inf")).sort(-1, descending=True)[0][:, : c["TOP_K"] + 1]
+    d = (cs[:, :-1] - cs[:, 1:]).abs()
+    return tie | (d[:, : c["TOP_K"]].min(-1)[0] < tol)
+
+
+# ---------------------------------------------------------------- loading
+def load_interpreted(template: str, constants: dict, directory: Path):
+    """The kernel module, in the interpreter child (TRITON_INTERPRET=1 was set before triton was imported)."""
+    mod = load_kernel(KernelSpec(template, template, constants), directory)
+    assert mod._interpreted(), "triton did not pick the interpreter"
+    return mod
+
+
+def tiny_spec_():
+    return load_spec(ROOT / "models/beam-tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_spec_()
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict:
+    """Results of every interpreter case, run in one child process (see the module docstring)."""
+    d = tmp_path_factory.mktemp("interpreted")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__, str(d / "results.json"), str(d)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((d / "results.json").read_text())
+
+
+def pdl_facts(ptx: str) -> dict:
+    """What a kernel's PTX shows about Programmatic Dependent Launch and flush-to-zero:
+    - waits / launch_dependents: how many griddepcontrol.wait and griddepcontrol.launch_dependents it holds, and
+      whether launch_dependents comes before the first wait;
+    - loads / stores before each wait, on its path from the entry (the entry block up to its first branch or label,
+      then the block of the wait up to it): the global ld / st issued before the previous grid is known complete;
+    - ftz: the flush-to-zero instructions other than those libdevice always uses (its expf's ex2.approx.ftz, its
+      tanhf's rcp.approx.ftz): none when the kernel is compiled with enable_reflect_ftz=False."""
+    body = ptx.split(".entry", 1)[1]
+    entry, block, in_entry, before = [], [], True, []
+    order = []
+    for line in body.splitlines():
+        s = line.strip()
+        if re.match(r"\$L__BB\d+_\d+:", s):
+            in_entry, block = False, []
+            continue
+        if re.search(r"\bbra(\.uni)?\b", s):
+            in_entry = False
+        m = re.search(r"\b(ld|st|atom|red)\.global", s)
+        if m:
+            (entry if in_entry else block).append("ld" if m.group(1) == "ld" else "st")
+        if "griddepcontrol.launch_dependents" in s:
+            order.append("launch_dependents")
+        if "griddepcontrol.wait" in s:
+            order.append("wait")
+            before.append(list(entry) if in_entry else entry + block)  # a copy: the entry block may go on
+    ftz = set(re.findall(r"\b[a-z0-9]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*", ptx))
+    return dict(waits=order.count("wait"), launch_dependents=order.count("launch_dependents"),
+                launch_dependents_first=bool(order) and order[0] == "launch_dependents",
+                loads_before_wait=[b.count("ld") for b in before], stores_before_wait=[b.count("st") for b in before],
+                ftz=sorted(ftz - {"ex2.approx.ftz.f32", "rcp.approx.ftz.f32"}))
+
+
+def check_pdl_ptx(facts: dict, pdl: bool, label: str = "") -> None:
+    """PDL on: one launch_dependents, first; waits, each with no store before it. Off: neither. No FTZ either way."""
+    if pdl:
+        assert facts["launch_dependents"] == 1 and facts["launch_dependents_first"] and facts["waits"] >= 1, (label, facts)
+        assert not any(facts["stores_before_wait"]), (label, facts)
+    else:
+        assert facts["launch_dependents"] == 0 and facts["waits"] == 0, (label, facts)
+    assert not facts["ftz"], (label, facts)
+
+
+def _check(interpreted: dict, case: str) -> None:
+    r = interpreted[case]
+    assert r["ok"], f"{case}:\n{r['error']}"
+
+
+# ---------------------------------------------------------------- qk_norm_pos_kv
+def _qk_case(c: dict, window: int, paged: bool, seed: int):
+    """Random fp32 inputs: 3 sequences, one chunk crossing the ring's wrap (or page boundaries), one decode token
+    far into its sequence, one at the start."""
+    g = torch.Generator().manual_seed(seed)
+    hq, hkv, d = c["HQ"], c["HKV"], c["HEAD_DIM"]
+    chunk = 6
+    cap = window - 1 + chunk
+    pos = torch.tensor([cap - 3 + i for i in range(chunk)] + [5 * cap + 2] + [0])
+    slot = torch.tensor([2] * chunk + [0] + [1])
+    T = len(pos)
+    q = torch.randn(T, hq, d, generator=g) * 2
+    k = torch.randn(T, hkv, d, generator=g)
+    v = torch.randn(T, hkv, d, generator=g)
+    w0 = 0.0 if c["NORM_OFFSET"] else 1.0
+    wq = w0 + 0.1 * torch.randn(d, generator=g)
+    wk = w0 + 0.1 * torch.randn(d, generator=g)
+    if paged:
+        max_pages = triton_cdiv(int(pos.max()) + 1, c["PAGE_SIZE"])
+        P = 3 * max_pages + 5
+        kc = torch.full((P, c["PAGE_SIZE"], hkv, d), float("nan"))
+        block_table = torch.randperm(P, generator=g)[: 3 * max_pages].view(3, max_pages).to(torch.int32)
+        rows = lambda: (block_table[slot, pos // c["PAGE_SIZE"]].long(), pos % c["PAGE_SIZE"])  # noqa: E731
+    else:
+        kc = torch.full((3, cap, hkv, d), float("nan"))
+        block_table = None
+        rows = lambda: (slot, pos % cap)  # noqa: E731
+    return q, k, v, wq, wk, kc, kc.clone(), slot, pos, block_table, rows()
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+QK_CASES = [(spec, mode, layout) for spec in ("tiny", "odd") for mode in ("rope", "ssmax") for layout in ("ring", "paged")]
+# rendered with PDL on (gdc calls in the source; the interpreter skips them): the same results
+QK_PDL_CASES = [("odd", "rope", "paged"), ("tiny", "ssmax", "ring")]
+
+
+def check_qk(spec_name, mode, layout, tiny, kdir, pdl: bool = False) -> dict:
+    page = (4 if spec_name == "tiny" else 3) if layout == "paged" else None
+    if spec_name == "tiny":
+        c, window = qk_constants(tiny, 1, mode, "f32", "f32", page), tiny.effective_window
+    else:
+        c, window = odd_qk_constants(mode, "f32", "f32", page), ODD_WINDOW
+    if pdl:
+        c["PDL"] = True
+    mod = load_interpreted("qk_norm_pos_kv", c, kdir)
+    q, k, v, wq, wk, kc, vc, slot, pos, block_table, (r0, r1) = _qk_case(c, window, layout == "paged", seed=len(c))
+    q_out = torch.full_like(q, float("nan"))
+    mod.launch(q, k, v, wq, wk, kc, vc, slot, pos, *([block_table] if block_table is not None else []), q_out)
+
+    q_ref, k_ref, v_ref = qk_reference(c, q, k, v, wq, wk, pos)
+    assert torch.isfinite(q_out).all()
+    assert ((q_out - q_ref).abs().max() / q_ref.abs().max()).item() < 1e-5
+    assert ((kc[r0, r1] - k_ref).abs().max() / k_ref.abs().max()).item() < 1e-5
+    assert torch.equal(vc[r0, r1], v_ref)
+    written = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    written[r0, r1] = True
+    assert torch.isnan(kc[~written]).all() and torch.isnan(vc[~written]).all(), "a write outside the token rows"
+    return dict(q_rel_err=((q_out - q_ref).abs().max() / q_ref.abs().max()).item())
+
+
+@pytest.mark.parametrize("spec_name,mode,layout", QK_CASES)
+def test_qk_norm_pos_kv_matches_reference(spec_name, mode, layout, interpreted):
+    _check(interpreted, f"qk[{spec_name}-{mode}-{layout}]")
+
+
+@pytest.mark.parametrize("spec_name,mode,layout", QK_PDL_CASES)
+def test_qk_norm_pos_kv_pdl_render_interpreted(spec_name, mode, layout, interpreted):
+    """A PDL render (gdc calls in the kernel, launch_pdl in OPTIONS) runs in the interpreter and still matches."""
+    _check(interpreted, f"qk[{spec_name}-{mode}-{layout}+pdl]")
+
+
+@pytest.mark.parametrize("mode", ["rope", "ssmax"])
+def test_reference_parts_compose_like_refs(mode, tiny):
+    """qk_reference (parts, offsets kept apart) equals REFS['qk_norm_pos_kv'] given the attrs the kv_write pass
+    builds, on the tiny spec (norm weights `w`, SSMax offset 1): the kernels are judged against the IR's reference."""
+    c = qk_constants(tiny, 1, mode, "f32", "f32")
+    q, k, v, wq, wk, kc, vc, slot, pos, _, (r0, r1) = _qk_case(c, tiny.effective_window, False, seed=1)
+    attrs = {"eps": c["EPS"], "w_offset": c["NORM_OFFSET"], "mode": mode, "window": tiny.effective_window}
+    if mode == "rope":
+        attrs.update(theta=c["THETA"])
+    else:
+        attrs.update(length=c["LENGTH"], offset=c["POS_OFFSET"], exponent=c["EXPONENT"])
+    q_ir, kc_ir, vc_ir = REFS["qk_norm_pos_kv"]([q, k, v, wq, wk, kc, vc, slot, pos], attrs)
+    q_ref, k_ref, v_ref = qk_reference(c, q, k, v, wq, wk, pos)
+    assert torch.equal(q_ir, q_ref) and torch.equal(kc_ir[r0, r1], k_ref) and torch.equal(vc_ir[r0, r1], v_ref)
+
+
+def check_qk_fp8(tiny, kdir) -> dict:
+    """fp8 e4m3 cache with scales. The interpreter's fp32 -> e4m3 conversion loses the carry when rounding up into
+    the next binade (it returns half the value): every other element must equal the reference's bits."""
+    c = qk_constants(tiny, 1, "rope", "f32", "f8e4m3")
+    mod = load_interpreted("qk_norm_pos_kv", c, kdir)
+    q, k, v, wq, wk, kc, vc, slot, pos, _, (r0, r1) = _qk_case(c, tiny.effective_window, False, seed=3)
+    v = v * 300  # exercise the clamp
+    kc = torch.full(kc.shape, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)  # NaN
+    vc = kc.clone()
+    ks, vs = torch.tensor(0.01), torch.tensor(0.5)
+    q_out = torch.full_like(q, float("nan"))
+    mod.launch(q, k, v, wq, wk, kc, vc, slot, pos, ks, vs, q_out)
+    _, k_ref, v_ref = qk_reference(c, q, k, v, wq, wk, pos, torch.float8_e4m3fn, ks, vs)
+    for got, ref in ((kc[r0, r1], k_ref), (vc[r0, r1], v_ref)):
+        g, r = got.float(), ref.float()
+        bad = got.view(torch.uint8) != ref.view(torch.uint8)
+        pow2 = torch.frexp(r.abs())[0] == 0.5
+        assert (bad.sum() < 0.1 * bad.numel()) and torch.equal(g[bad] * 2, r[bad]) and pow2[bad].all()
+    assert (vc[r0, r1].float().abs().max() == 448) and torch.isnan(kc.float()).sum() == kc.numel() - k_ref.numel()
+    return {}
+
+
+def test_qk_fp8_cache_interpreted(interpreted):
+    _check(interpreted, "qk_fp8")
+
+
+# ---------------------------------------------------------------- moe_router
+ROUTER_CASES = [(spec, path, T) for spec in ("tiny", "odd") for path, Ts in (("small", (1, 5, 37)), ("large", (1, 70)))
+                for T in Ts]
+ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
+
+
+def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False) -> dict:
+    c = router_constants(tiny, path, "f32") if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE="f32", PATH=path)
+    if pdl:
+        c["PDL"] = True
+    mod = load_interpreted("moe_router", c, kdir)
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(T, c["H"], generator=g)
+    W = torch.randn(c["E"], c["H"], generator=g) * 0.05
+    bias = torch.randn(c["E"], generator=g) * 0.02
+    weights = torch.full((T, c["TOP_K"]), float("nan"))
+    ids = torch.full((T, c["TOP_K"]), -1, dtype=torch.int64)
+    n = mod.scratch_numel(T)
+    scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
+    mod.launch(x, W, bias, weights, ids, scratch)
+    assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
+
+    exact = (x.double() @ W.double().T)
+    assert ((mod.logits(scratch, T) - exact).abs().max() / exact.abs().max()).item() < 1e-6
+    attrs = dict(n_group=c["N_GROUP"], topk_group=c["TOPK_GROUP"], top_k=c["TOP_K"], renormalize=c["RENORMALIZE"],
+                 eps=c["EPS"])
+    w_ref, ids_ref = REFS["moe_router"]([x, W, bias], attrs)
+    ok = ~router_ties(F.linear(x, W), bias, c, 1e-6)
+    assert ok.float().mean() > 0.9
+    assert torch.equal(ids[ok], ids_ref[ok])
+    assert ((weights[ok] - w_ref[ok]).abs() / w_ref[ok]).max().item() < 1e-6
+    return dict(ties=int((~ok).sum()))
+
+
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_CASES)
+def test_moe_router_matches_reference(spec_name, path, T, interpreted):
+    _check(interpreted, f"router[{spec_name}-{path}-{T}]")
+
+
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_PDL_CASES)
+def test_moe_router_pdl_render_interpreted(spec_name, path, T, interpreted):
+    """Both stages of a PDL render (each waits before it reads x or the scratch) run in the interpreter and match."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+pdl]")
+
+
+# ---------------------------------------------------------------- ahead-of-time compilation of every variant
+def _variants() -> list[tuple[str, str, dict]]:
+    """Every bf16 variant at the full spec's TP-8 shapes and the tiny spec's, as rendered by default (PDL on), and
+    the tiny spec's again with PDL off."""
+    full, tiny = load_spec(ROOT / "models/beam.yaml"), load_spec(ROOT / "models/beam-tiny.yaml")
+    out = []
+    for name, spec, tp, page, pdls in (("full-tp8", full, 8, 64, (None,)), ("tiny", tiny, 1, 4, (None, False))):
+        for pdl in pdls:
+            extra, tag = ({}, "") if pdl is None else ({"PDL": pdl}, ",no-pdl")
+            for mode in ("rope", "ssmax"):
+                for paged in (False, True):
+                    for cache in ("bf16", "f8e4m3"):
+                        c = qk_constants(spec, tp, mode, "bf16", cache, page if paged else None)
+                        out.append((f"qk_norm_pos_kv[{name},{mode},{'paged' if paged else 'ring'},{cache}{tag}]",
+                                    "qk_norm_pos_kv", {**c, **extra}))
+            for path in ("small", "large"):
+                out.append((f"moe_router[{name},{path}{tag}]", "moe_router", {**router_constants(spec, path), **extra}))
+    return out
+
+
+def _compile(args) -> dict:
+    """One AOT compile in a worker process (the interpreter off); what the test asserts about its output."""
+    label, template, constants, arch, directory = args
+    os.environ.pop("TRITON_INTERPRET", None)
+    mod = load_kernel(KernelSpec(template, template, constants), directory)
+    ck = aot_compile(mod, arch)
+    ptx = ck.asm["ptx"]
+    return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
+                mma=bool(re.search(r"\bw?mma", ptx)), fp8_cvt="cvt.rn.satfinite.e4m3x2.f32" in ptx,
+                div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
+                router=template == "moe_router", pdl=constants.get("PDL", True), options=dict(mod.OPTIONS),
+                launch_pdl=bool(ck.metadata.launch_pdl), **pdl_facts(ptx))
+
+
+def test_aot_compile_every_variant(tmp_path):
+    """All variants at the full spec's TP-8 shapes and the tiny spec's (and the tiny spec's without PDL), for sm_90a
+    and sm_100a (2 processes). The options contract: the launcher's OPTIONS, compiled with by aot_compile. PDL:
+    griddepcontrol.launch_dependents first, then the wait(s) (one per stage for the router), no global store before
+    a wait, and the parameters loaded before it (norm weights / W / bias); none of it without PDL."""
+    jobs = [(label, t, c, arch, str(tmp_path / f"sm{arch}")) for label, t, c in _variants() for arch in (90, 100)]
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_compile, jobs))
+    for r in results:
+        assert r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
+        assert not (r["router"] and r["mma"]), f"{r['label']}: fp32 router on tensor cores (TF32?)"
+        assert r["fp8_cvt"] == r["fp8"], r
+        assert r["div_rn"] or not (r["router"] or r["fp8"]), r  # IEEE division: sigmoid, / scale
+        want = dict(num_warps=r["options"]["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
+                    launch_pdl=r["pdl"], **({"num_stages": 2} if r["router"] else {}))
+        assert r["options"] == want and r["launch_pdl"] == r["pdl"], r
+        check_pdl_ptx(r, r["pdl"], r["label"])
+        if r["pdl"]:
+            assert r["waits"] == (2 if r["router"] else 1), r  # the router: one per stage's branch
+            assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
+    assert len(results) == 2 * len(_variants()) == 60
+    assert sum(r["pdl"] for r in results) == 40
+
+
+# ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR
+def _interpreter_cases(tiny):
+    yield from ((f"qk[{a}-{b}-{c}]", check_qk, (a, b, c)) for a, b, c in QK_CASES)
+    yield "qk_fp8", check_qk_fp8, ()
+    yield from ((f"router[{a}-{b}-{t}]", check_router, (a, b, t)) for a, b, t in ROUTER_CASES)
+    yield from ((f"qk[{a}-{b}-{c}+pdl]", lambda *x: check_qk(*x, pdl=True), (a, b, c)) for a, b, c in QK_PDL_CASES)
+    yield from ((f"router[{a}-{b}-{t}+pdl]", lambda *x: check_router(*x, pdl=True), (a, b, t))
+                for a, b, t in ROUTER_PDL_CASES)
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1" and "triton" not in sys.modules
+    out, kdir = Path(sys.argv[1]), Path(sys.argv[2])
+    tiny_spec = tiny_spec_()
+    results = {}
+    for case, fn, args in _interpreter_cases(tiny_spec):
+        try:
+            results[case] = dict(ok=True, **fn(*args, tiny_spec, kdir))
+        except Exception:  # noqa: BLE001 - reported by the test of that case
+            results[case] = dict(ok=False, error=traceback.format_exc())
+    out.write_text(json.dumps(results, indent=1))
