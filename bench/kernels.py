@@ -24,8 +24,8 @@ import dataclasses
 import datetime
 import json
 import os
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
