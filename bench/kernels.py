@@ -33,7 +33,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from beamc.codegen.check import run_launches  # noqa: E402
 from beamc.codegen.inputs import node_buffers  # noqa: E402
 from beamc.codegen.kernel import load_kernel  # noqa: E402
 from beamc.codegen.package import compile_package  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from beamc.codegen.kernel import aot_compile, load_kernel
+from beamc.codegen.kernel import aot_compile
 from beamc.codegen.package import compile_package
 from beamc.errors import BeamcError
 from beamc.passes.manager import PASSES

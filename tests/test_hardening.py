@@ -164,9 +164,6 @@ def test_weight_form_one_plus_w_matches_the_gemma_style_norm(tiny_spec, tiny_spe
 
 def test_window_excluding_current_sees_one_more_key(tiny_spec_bf16, tiny_ckpt):
     """window_includes_current: false means keys [pos - window, pos]: transformers with sliding_window + 1."""
-    import json
-    import shutil
-
     spec = _variant(tiny_spec_bf16, **{"attention.sliding.window_includes_current": False})
     assert spec.effective_window == tiny_spec_bf16.attention.sliding.window + 1
     ids = _ids(spec.vocab_size, 40, 12)

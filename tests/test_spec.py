@@ -41,9 +41,8 @@ def test_beam_tiny_spec_loads():
     assert spec.dtypes.experts == "nvfp4"
 
 
-def test_explicit_lists_equal_the_rule(tmp_path):
+def test_explicit_lists_equal_the_rule():
     rule = load_spec(MODELS / "beam-tiny.yaml")
-    p = tmp_path / "s.yaml"
     data = rule.model_dump()
     data["layers"] = {"attention": rule.attention_types, "mlp": rule.mlp_types}
     explicit = parse_spec(data)

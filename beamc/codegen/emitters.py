@@ -6,12 +6,13 @@ Library calls name a function of `beamc.runtime.library` and say which issue rep
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from beamc.codegen.kernel import KernelSpec
 from beamc.codegen.registry import Context, emits
 from beamc.ir.graph import Graph, Node, Value
+from beamc.ir.ops import OPS
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,6 @@ def names(vals: list[Value]) -> tuple[str, ...]:
 def io(node: Node) -> tuple[str, ...]:
     """The op's inputs in IR order, then its outputs (state outputs excluded: they are the state inputs, written
     in place)."""
-    from beamc.ir.ops import OPS
-
     written = {o for _, o in OPS[node.op].state_io}
     return names(node.inputs) + names([v for i, v in enumerate(node.outputs) if i not in written])
 
@@ -190,7 +189,3 @@ def _gather_rows(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 @emits("reshape")
 def _view(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [library(node, "view", "free: a view of its input, no launch")]
-
-
-def constants_of(launch: Launch) -> dict[str, Any]:
-    return dict(launch.kernel.constants) if launch.kernel else {}

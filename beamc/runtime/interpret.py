@@ -8,8 +8,6 @@ an Inf is named, with its layer.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from beamc.errors import BeamcError
