@@ -138,11 +138,8 @@ def kind_label(k) -> str:
 
 def representative_nodes(pkg, phase: str):
     """(kind label, node, launches) for one node per distinct template variant (per-layer scales aside)."""
-    by_node: dict[int, tuple] = {}
-    for node, ln in pkg.steps[phase].launches:
-        by_node.setdefault(id(node), (node, []))[1].append(ln)
     seen, out = set(), []
-    for node, lns in by_node.values():
+    for node, lns in pkg.steps[phase].by_node():
         kernels = [ln.kernel for ln in lns if ln.kernel is not None]
         if not kernels:
             continue
@@ -220,17 +217,12 @@ def main() -> int:
     sizes = sizes_for(spec, 1)
     layer = next(L for L in range(spec.num_layers) if spec.mlp_types[L] == "sparse"
                  and spec.attention_types[L] == "sliding_attention")
-    chain = []
-    for node, ln in pkg.steps["decode"].launches:
-        if node.layer == layer and ln.kernel is not None:
-            chain.append((node, ln))
-    node_lns: dict[int, list] = {}
-    for node, ln in pkg.steps["decode"].launches:
-        node_lns.setdefault(id(node), []).append(ln)
+    chain = [(node, lns, ln) for node, lns in pkg.steps["decode"].by_node() if node.layer == layer
+             for ln in lns if ln.kernel is not None]
     calls, calls_off = [], []  # the same buffers, kernels as generated / without PDL
-    for node, ln in chain:
+    for node, lns, ln in chain:
         ins, outs = node_buffers(node, sizes, DEVICE, seed=7)
-        a = launch_args(node, node_lns[id(node)], ln, ins, outs, sizes)
+        a = launch_args(node, lns, ln, ins, outs, sizes)
         k_gen, k_off = variants(ln.kernel)
         calls.append((load_kernel(k_gen, kdir), a))
         calls_off.append((load_kernel(k_off, kdir), a))
@@ -238,14 +230,14 @@ def main() -> int:
     t_chain_off = graph_time(lambda: [m.launch(*a) for m, a in calls_off], reps=20)
     us_alone = {r["kernel"]: r["us"] for r in records if r["tokens"] == 1}
     us_alone_off = {r["kernel"]: r["us_no_pdl"] for r in records if r["tokens"] == 1}
-    alone = sum(us_alone[kind_label(ln.kernel)] for _, ln in chain)  # each launch of the chain, timed alone
-    alone_off = sum(us_alone_off[kind_label(ln.kernel)] for _, ln in chain)
+    alone = sum(us_alone[kind_label(ln.kernel)] for _, _, ln in chain)  # each launch of the chain, timed alone
+    alone_off = sum(us_alone_off[kind_label(ln.kernel)] for _, _, ln in chain)
     facts = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)",
              "torch": torch.__version__, "triton": __import__("triton").__version__, "copy_tb_s": bw,
              "pdl": "us / us_per_layer: the kernels as generated (PDL on: launch_pdl + griddepcontrol); *_no_pdl: "
                     "rendered with PDL=False" + (" (--dry: both without PDL, the interpreter has none)" if args.dry
                                                  else ""),
-             "chain": {"layer": layer, "kernels": [ln.kernel.template for _, ln in chain], "us_per_layer": t_chain * 1e6,
+             "chain": {"layer": layer, "kernels": [ln.kernel.template for _, _, ln in chain], "us_per_layer": t_chain * 1e6,
                        "us_per_layer_no_pdl": t_chain_off * 1e6, "sum_of_alone_us": alone,
                        "sum_of_alone_us_no_pdl": alone_off, "pdl": bool(calls[0][0].OPTIONS["launch_pdl"])},
              "command": "python bench/kernels.py --out $OUT (device tool, H200)"}

@@ -2,7 +2,6 @@
 reference (fp32 instances under Triton's CPU interpreter) and compiles ahead of time for sm_90a and sm_100a."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -20,20 +19,6 @@ from beamc.spec.hf import spec_to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = list(PASSES)
-
-
-@contextlib.contextmanager
-def triton_interpreter(on: bool):
-    """TRITON_INTERPRET is read when a kernel module is imported (at @triton.jit): set it around the load."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
 
 
 def test_compile_writes_an_importable_package(tmp_path, capsys):

@@ -36,6 +36,13 @@ class Step:
     graph: Graph
     launches: list[tuple[Any, Launch]] = field(default_factory=list)  # (node, launch) in graph order
 
+    def by_node(self) -> list[tuple[Any, list[Launch]]]:
+        """(node, its launches) in graph order."""
+        out: dict[int, tuple[Any, list[Launch]]] = {}
+        for node, ln in self.launches:
+            out.setdefault(id(node), (node, []))[1].append(ln)
+        return list(out.values())
+
 
 @dataclass
 class Package:

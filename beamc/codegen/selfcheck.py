@@ -23,11 +23,8 @@ from beamc.spec import load_spec
 
 def distinct_kernel_nodes(pkg, phase: str) -> list[tuple]:
     """(node, its launches) for the first node that uses each distinct chain of kernels in a step."""
-    by_node: dict[int, tuple] = {}
-    for node, ln in pkg.steps[phase].launches:
-        by_node.setdefault(id(node), (node, []))[1].append(ln)
     seen, out = set(), []
-    for node, lns in by_node.values():
+    for node, lns in pkg.steps[phase].by_node():
         names = tuple(ln.kernel.name for ln in lns if ln.kernel is not None)
         if names and names not in seen:
             seen.add(names)
