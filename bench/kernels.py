@@ -156,7 +156,9 @@ def with_pdl(k, pdl: bool):
 
 
 def sizes_for(spec, T: int) -> dict[str, int]:
-    return {"T": T, "B": T, "S": max(1, min(T, 64)), "Cs": spec.effective_window - 1 + T, "Cf": 4096 + T,
+    S = max(1, min(T, 64))
+    mp = (1000 + T) // 16 + 2  # pages per sequence: positions start at 1000
+    return {"T": T, "B": T, "S": S, "Cs": spec.effective_window - 1 + T, "P": S * mp, "MP": mp,
             "R": 1, "V": spec.vocab_size, "E": spec.mlp.moe.num_experts, "P0": 1000}
 
 

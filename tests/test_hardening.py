@@ -64,11 +64,12 @@ def test_verify_refuses_a_non_state_written_back(tiny_spec):
 # ---------------------------------------------------------------- caches
 def test_a_too_small_cache_is_refused_before_anything_is_written(tiny_spec, weights):
     g = lower(tiny_spec, LowerOptions(dtype="f32"))
-    states = [alloc_states(g, {"S": 1, "Cs": 20, "Cf": 64})]
+    states = [alloc_states(g, {"S": 1, "Cs": 20, "P": 4, "MP": 4})]
     for t in states[0].values():
         t.fill_(7.0)
     before = {k: v.clone() for k, v in states[0].items()}
-    inputs = {"input_ids": torch.arange(30), "positions": torch.arange(30), "slots": torch.zeros(30, dtype=torch.long)}
+    inputs = {"input_ids": torch.arange(30), "positions": torch.arange(30), "slots": torch.zeros(30, dtype=torch.long),
+              "block_table": torch.arange(4, dtype=torch.int32).view(1, 4)}
     with pytest.raises(BeamcError, match="slot 0 needs positions 0..29 in one step but the cache holds 20"):
         Interpreter([g], weights).run(inputs, states)
     assert all(torch.equal(before[k], states[0][k]) for k in before)  # nothing was overwritten
@@ -77,8 +78,9 @@ def test_a_too_small_cache_is_refused_before_anything_is_written(tiny_spec, weig
 def test_repeated_positions_in_one_step_are_refused(tiny_spec, weights):
     """Two tokens of one slot at one position would scatter to one cache row: nondeterministic on CUDA."""
     g = lower(tiny_spec, LowerOptions(dtype="f32"))
-    states = [alloc_states(g, {"S": 1, "Cs": 40, "Cf": 64})]
-    inputs = {"input_ids": torch.arange(4), "positions": torch.tensor([0, 1, 1, 2]), "slots": torch.zeros(4, dtype=torch.long)}
+    states = [alloc_states(g, {"S": 1, "Cs": 40, "P": 4, "MP": 4})]
+    inputs = {"input_ids": torch.arange(4), "positions": torch.tensor([0, 1, 1, 2]), "slots": torch.zeros(4, dtype=torch.long),
+              "block_table": torch.arange(4, dtype=torch.int32).view(1, 4)}
     with pytest.raises(BeamcError, match="twice in one step"):
         Interpreter([g], weights).run(inputs, states)
 
@@ -240,3 +242,43 @@ def test_logits_refuses_a_batch_longer_than_the_spec_allows(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.endswith("1000 tokens + 30 decode steps exceed the spec's max_position_embeddings (1024) (shorten the "
                         "input or raise max_position_embeddings in the spec)") and "\n" not in err
+
+
+# ---------------------------------------------------------------- paged full-layer caches
+def _paged_step(spec, weights, block_table, positions, pages=4):
+    g = lower(spec, LowerOptions(dtype="f32"))
+    S, MP = block_table.shape
+    states = [alloc_states(g, {"S": S, "Cs": 40, "P": pages, "MP": MP})]
+    for t in states[0].values():
+        t.fill_(3.0)
+    before = {k: v.clone() for k, v in states[0].items()}
+    T = len(positions)
+    inputs = {"input_ids": torch.arange(T), "positions": torch.tensor(positions), "slots": torch.zeros(T, dtype=torch.long),
+              "block_table": block_table}
+    return Interpreter([g], weights), inputs, states, before
+
+
+def test_full_layers_keep_their_cache_in_pages_of_a_pool(tiny_spec, weights):
+    """Full layers' K/V [P, page, kv, d] addressed through the block table: a sequence given pages 3 and 1 (in that
+    order) writes positions 0..15 into page 3 and 16..19 into page 1, and nothing else."""
+    g = lower(tiny_spec, LowerOptions(dtype="f32"))
+    full = [L for L, t in enumerate(tiny_spec.attention_types) if t == "full_attention"][0]
+    assert g.leaves("state")[f"kv.{full}.k"].out.shape[:2] == ("P", 16)
+    interp, inputs, states, before = _paged_step(tiny_spec, weights, torch.tensor([[3, 1]], dtype=torch.int32),
+                                                 list(range(20)))
+    interp.run(inputs, states)
+    k, k0 = states[0][f"kv.{full}.k"], before[f"kv.{full}.k"]
+    assert not torch.equal(k[3], k0[3]) and not torch.equal(k[1, :4], k0[1, :4])
+    assert torch.equal(k[1, 4:], k0[1, 4:]) and torch.equal(k[0], k0[0]) and torch.equal(k[2], k0[2])
+
+
+@pytest.mark.parametrize("table,positions,match", [
+    ([[0, 1]], list(range(40)), "position 32 needs page 2 of its block table, which has 2"),
+    ([[0, 9]], list(range(20)), "its block table points at page 9, outside the pool of 4 pages"),
+    ([[0, -1]], list(range(20)), "points at page -1"),
+])
+def test_a_bad_block_table_is_refused_before_anything_is_written(tiny_spec, weights, table, positions, match):
+    interp, inputs, states, before = _paged_step(tiny_spec, weights, torch.tensor(table, dtype=torch.int32), positions)
+    with pytest.raises(BeamcError, match=match):
+        interp.run(inputs, states)
+    assert all(torch.equal(before[k], states[0][k]) for k in before)

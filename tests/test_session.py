@@ -117,8 +117,9 @@ def test_last_row_logits_graph_equals_the_rows_of_the_full_one(tiny_spec, weight
     outs = {}
     for mode in ("all", "last"):
         g = lower(tiny_spec, LowerOptions(dtype="f32", logits=mode))
-        states = [alloc_states(g, {"S": 2, "Cs": 64, "Cf": 64})]
+        states = [alloc_states(g, {"S": 2, "Cs": 64, "P": 8, "MP": 4})]
         extra = {"logit_rows": torch.tensor([19, 29])} if mode == "last" else {}
+        extra["block_table"] = torch.arange(8, dtype=torch.int32).view(2, 4)
         outs[mode] = Interpreter([g], weights_f32[1]).run({**inputs, **extra}, states)[0]["logits"]
     # equal up to the lm_head GEMM's rounding, which depends on how many rows it multiplies (2 vs 30)
     assert rel_err(outs["last"], outs["all"][[19, 29]]) < 1e-6

@@ -116,7 +116,7 @@ def _qk_norm_pos_kv(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [kernel(node, "qk_norm_pos_kv", ctx, HQ=q.shape[1], HKV=k.shape[1], HEAD_DIM=q.shape[2], EPS=a["eps"],
                    NORM_OFFSET=a["w_offset"], MODE=a["mode"], THETA=a.get("theta", 0.0),
                    LENGTH=a.get("length", 1.0), POS_OFFSET=a.get("offset", 0.0), EXPONENT=a.get("exponent", 0.0),
-                   CACHE_DTYPE=kc.dtype, PAGED=False, PAGE_SIZE=0)]
+                   CACHE_DTYPE=kc.dtype, PAGED=bool(a.get("paged")), PAGE_SIZE=kc.shape[1] if a.get("paged") else 0)]
 
 
 @emits("moe_router")
@@ -172,7 +172,8 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 @emits("attention")
 def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [library(node, "attention", "the reference attention until the attention kernels (issue 9)",
-                    kwargs=(("window", node.attrs["window"]), ("scale", node.attrs["scale"])))]
+                    kwargs=(("window", node.attrs["window"]), ("scale", node.attrs["scale"]),
+                            ("paged", bool(node.attrs.get("paged")))))]
 
 
 @emits("all_reduce", "all_gather")

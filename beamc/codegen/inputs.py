@@ -26,6 +26,8 @@ def random_value(v: Value, sizes: dict[str, int], gen: torch.Generator, device, 
     if v.dtype in ("i64", "i32"):
         if name == "input_ids":
             return torch.randint(0, sizes["V"], shape, generator=gen, device=device).to(dt)
+        if name == "block_table":  # each slot its own run of pages of the pool
+            return torch.arange(shape[0] * shape[1], device=device).view(shape).to(dt)
         if name == "slots":
             return (torch.arange(shape[0]) % sizes["S"]).to(device, dt)
         if name == "positions":  # each slot's tokens consecutive, starting past a ring wrap

@@ -40,8 +40,9 @@ def run(spec, *, tp: int = 1, rank: int = 0, dtype: str | None = None, device: s
     rows = []
     for phase in phases:
         for T in tokens:
-            sizes = {"T": T, "B": T, "S": slots, "Cs": spec.effective_window - 1 + T, "Cf": 600 + T, "R": min(T, 2),
-                     "V": spec.vocab_size, "E": spec.mlp.moe.num_experts, "P0": 530}
+            mp = (530 + T) // 16 + 2  # pages per sequence: positions start at 530
+            sizes = {"T": T, "B": T, "S": slots, "Cs": spec.effective_window - 1 + T, "P": slots * mp, "MP": mp,
+                     "R": min(T, 2), "V": spec.vocab_size, "E": spec.mlp.moe.num_experts, "P0": 530}
             for i, (node, lns) in enumerate(distinct_kernel_nodes(pkg, phase)):
                 c = check_node(node, lns, sizes, device=device, seed=seed + 1000 * T + i, kernel_dir=kdir)
                 rows.append({"phase": phase, "tokens": T, **c.as_dict()})

@@ -1,7 +1,7 @@
 """The graph IR: a list of nodes in topological order, each an op with typed inputs, outputs and attributes.
 
 Values are SSA: one producer each. Shapes may be symbolic (`"T"`: tokens in the step, `"S"`: sequence slots,
-`"Cs"`/`"Cf"`: sliding/full cache capacity). Leaves are nodes too: `input` (runtime data), `param` (a weight, by
+`"Cs"`: a sliding ring's capacity, `"P"`/`"MP"`: pages in the full layers' pool / per block table). Leaves are nodes too: `input` (runtime data), `param` (a weight, by
 its graph param name) and `state` (a KV cache, carried between steps); `Graph.outputs` and `Graph.state_out` name
 what a step returns. Passes rewrite `nodes`; `verify` (beamc.ir.verify) proves the result is well formed.
 """

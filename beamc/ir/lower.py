@@ -27,6 +27,7 @@ class LowerOptions:
     rank: int = 0
     dtype: Literal["bf16", "f32"] | None = None  # None: the spec's dtypes; "f32": every float in fp32 (logic checks)
     logits: Literal["all", "last"] = "all"  # "last": only the rows named by the `logit_rows` input
+    page_size: int = 16  # positions per page of the full layers' paged KV caches
 
 
 class _Lowerer:
@@ -68,6 +69,8 @@ class _Lowerer:
         ids = g.input("input_ids", (T,), "i64")
         self.pos = g.input("positions", (T,), "i64")
         self.slot = g.input("slots", (T,), "i64")
+        # full-attention layers keep their KV in pages of a shared pool, addressed per sequence by a block table
+        self.block_table = g.input("block_table", ("S", "MP"), "i32") if "full_attention" in s.attention_types else None
         h = g.add("embed", ids, self.W("model.embed_tokens.weight"), name="embed")
         for L in range(s.num_layers):
             g.current_layer = L
@@ -137,15 +140,17 @@ class _Lowerer:
             q = g.add("q_scale", q, self.pos, length=qs.length, offset=qs.offset, exponent=qs.exponent,
                       name=f"L{L}.q_ssmax")
         kv_dtype = "f32" if self.f32 else ("f8e4m3" if s.dtypes.kv_cache == "fp8" else self.act)
-        cap = "Cs" if sliding else "Cf"
-        kc = g.state(f"kv.{L}.k", ("S", cap, d.kv_heads, hd), kv_dtype)
-        vc = g.state(f"kv.{L}.v", ("S", cap, d.kv_heads, hd), kv_dtype)
+        cache = ("S", "Cs") if sliding else ("P", self.opt.page_size)  # a ring per sequence, or pages of a pool
+        kc = g.state(f"kv.{L}.k", cache + (d.kv_heads, hd), kv_dtype)
+        vc = g.state(f"kv.{L}.v", cache + (d.kv_heads, hd), kv_dtype)
         scales = [self.W(t.name, t) for t in kv_scale_params(s, L)] if kv_dtype == "f8e4m3" else []
         window = s.effective_window if sliding else None
-        kc, vc = g.add("kv_write", kc, vc, k, v, self.slot, self.pos, *scales, window=window, name=f"L{L}.kv_write")
+        pages = [] if sliding else [self.block_table]
+        kc, vc = g.add("kv_write", kc, vc, k, v, self.slot, self.pos, *pages, *scales, window=window,
+                       paged=not sliding, name=f"L{L}.kv_write")
         g.state_out[f"kv.{L}.k"], g.state_out[f"kv.{L}.v"] = kc, vc
-        o = g.add("attention", q, kc, vc, self.slot, self.pos, *scales, window=window, scale=hd ** -0.5,
-                  name=f"L{L}.attn")
+        o = g.add("attention", q, kc, vc, self.slot, self.pos, *pages, *scales, window=window, scale=hd ** -0.5,
+                  paged=not sliding, name=f"L{L}.attn")
         # output gate: sigmoid(gate_proj(x) + gate_bias[head]) * o, each step rounding as transformers does
         gate = g.add("reshape", gate, shape=(T, d.heads, hd), name="gate_heads")
         bias = g.add("reshape", self.W(f"{p}.gate_bias"), shape=(d.heads, 1), name="gate_bias_heads")

@@ -125,9 +125,14 @@ register("rope", same, "NeoX rotate-half RoPE on [T, heads, d] at per-token posi
 register("q_scale", same, "NoPE layers: q * (1 + (pos+offset)/length) ** exponent in fp32, one rounding")
 
 
-def _kv_scales_ok(ins, first: int, kc: Value) -> None:
-    """fp8 caches come with their two fp32 scalar scales (k, v); other caches with none."""
+def _kv_extras_ok(ins, first: int, kc: Value, attrs) -> None:
+    """After (slot, pos): a paged cache's block table [S, max_pages] i32, then an fp8 cache's two fp32 scalar
+    scales (k, v)."""
     extra = ins[first:]
+    if attrs.get("paged"):
+        _check(bool(extra) and extra[0].dtype == "i32" and len(extra[0].shape) == 2,
+               f"a paged cache needs an i32 block table [S, max_pages] after the positions, got {extra[:1]}")
+        extra = extra[1:]
     if kc.dtype == "f8e4m3":
         _check(len(extra) == 2 and all(v.dtype == "f32" and v.shape == () for v in extra),
                f"an fp8 cache needs fp32 scalar k/v scales, got {extra}")
@@ -140,17 +145,18 @@ def _kv_write_infer(ins, attrs) -> Types:
     _check(kc.dtype == vc.dtype and kc.shape == vc.shape, f"k cache {kc!r} and v cache {vc!r} differ")
     _check(tuple(k.shape[1:]) == tuple(kc.shape[2:]) and tuple(v.shape[1:]) == tuple(kc.shape[2:]),
            f"k {k.shape} / v {v.shape} do not fit the cache {kc.shape}")
-    _kv_scales_ok(ins, 6, kc)
+    _kv_extras_ok(ins, 6, kc, attrs)
     return [(kc.shape, kc.dtype), (vc.shape, vc.dtype)]
 
 
 register("kv_write", _kv_write_infer,
-         "write K, V [T, kv, d] at [slot, pos % capacity] of the layer's caches [S, C, kv, d] (/ scale for fp8)",
+         "write K, V [T, kv, d] into the layer's caches: ring [S, C, kv, d] at [slot, pos % C], or paged "
+         "[P, page, kv, d] at [block_table[slot, pos // page], pos % page] (/ scale for fp8)",
          state_io=((0, 0), (1, 1)))
 
 
 def _attention_infer(ins, attrs) -> Types:
-    _kv_scales_ok(ins, 5, ins[1])
+    _kv_extras_ok(ins, 5, ins[1], attrs)
     return same(ins, attrs)
 
 

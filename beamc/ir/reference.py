@@ -94,12 +94,18 @@ REFS["rope"] = lambda t, a: (rope_ref(t[0], t[1], a["theta"]),)
 REFS["q_scale"] = lambda t, a: (q_scale_ref(t[0], t[1], a),)
 
 
-def check_kv_capacity(slot: torch.Tensor, pos: torch.Tensor, cap: int, window: int | None) -> None:
-    """Refuse a step whose writes would overwrite keys it still reads, BEFORE anything is written.
+def check_kv_capacity(slot: torch.Tensor, pos: torch.Tensor, cap: int, window: int | None,
+                      block_table: torch.Tensor | None = None, pages: int = 0) -> None:
+    """Refuse a step whose writes would overwrite keys it still reads, or land outside the cache, BEFORE anything is
+    written.
 
-    A sequence's tokens at positions lo..hi read keys from lo - window + 1 (sliding) or 0 (full) on; the ring
-    (pos % cap) keeps them all only if that span fits. Distinct positions within the span also make the write
-    indices distinct, so the scatter is deterministic on every device."""
+    Ring caches: a sequence's tokens at positions lo..hi read keys from lo - window + 1 (sliding) or 0 (full) on;
+    the ring (pos % cap) keeps them all only if that span fits. Paged caches: every position's page index must lie in
+    the sequence's block table and its page in the pool, and no two tokens of the step may land on one row. Distinct
+    rows make the scatter deterministic on every device."""
+    if block_table is not None:
+        _check_pages(slot, pos, cap, block_table, pages)
+        return
     for s in torch.unique(slot).tolist():
         p = pos[slot == s]
         lo, hi, n = int(p.min()), int(p.max()), p.numel()
@@ -110,6 +116,56 @@ def check_kv_capacity(slot: torch.Tensor, pos: torch.Tensor, cap: int, window: i
         if hi + 1 - first > cap:
             raise BeamcError("kv cache", f"slot {s} needs positions {first}..{hi} in one step but the cache holds "
                              f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
+
+
+def _check_pages(slot, pos, page_size: int, block_table, pages: int) -> None:
+    idx = pos // page_size
+    far = idx >= block_table.shape[1]
+    if bool(far.any()):
+        i = int(far.nonzero()[0])
+        raise BeamcError("kv cache", f"slot {int(slot[i])} position {int(pos[i])} needs page {int(idx[i])} of its "
+                         f"block table, which has {block_table.shape[1]}", "give the sequence a longer block table")
+    page = block_table[slot, idx].long()
+    bad = (page < 0) | (page >= pages)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise BeamcError("kv cache", f"slot {int(slot[i])} position {int(pos[i])}: its block table points at page "
+                         f"{int(page[i])}, outside the pool of {pages} pages", "fix the block table")
+    rows = page * page_size + pos % page_size
+    if torch.unique(rows).numel() != rows.numel():
+        raise BeamcError("kv cache", "two tokens of one step write the same cache row (a position given twice, or "
+                         "two sequences sharing a page)", "give each token its own position and page")
+
+
+# ops that write a KV cache: input index of (cache, slot, pos, block table if paged)
+KV_WRITERS = {"kv_write": (0, 4, 5, 6), "qk_norm_pos_kv": (5, 7, 8, 9)}
+
+
+def check_step_caches(nodes, value_of) -> None:
+    """Every cache write of a step checked before the step runs (so a refused step writes no layer's cache).
+    `value_of(v)` gives the tensor of a leaf value (the step's inputs and states)."""
+    for n in nodes:
+        if n.op not in KV_WRITERS:
+            continue
+        c, s, p, b = KV_WRITERS[n.op]
+        kc = value_of(n.inputs[c])
+        bt = value_of(n.inputs[b]) if n.attrs.get("paged") else None
+        check_kv_capacity(value_of(n.inputs[s]), value_of(n.inputs[p]), kc.shape[1], n.attrs.get("window"), bt,
+                          kc.shape[0])
+
+
+def cache_rows(c: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, block_table: torch.Tensor | None):
+    """Index of each (slot, position) into a cache: [slot, pos % C] (ring) or [page, pos % page] (paged)."""
+    if block_table is None:
+        return slot, pos % c.shape[1]
+    return block_table[slot, pos // c.shape[1]].long(), pos % c.shape[1]
+
+
+def _split_extras(extras, paged: bool):
+    """(block table or None, k scale, v scale) from the inputs after (slot, pos)."""
+    bt = extras[0] if paged else None
+    scales = list(extras[1:] if paged else extras) + [None, None]
+    return bt, scales[0], scales[1]
 
 
 def kv_store(x: torch.Tensor, cache_dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
@@ -124,25 +180,26 @@ def kv_load(c: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return c.float() if scale is None else c.float() * scale
 
 
-def kv_write_ref(kc, vc, k, v, slot, pos, k_scale=None, v_scale=None, window=None):
-    """Write this step's K/V at [slot, pos % capacity]: a ring for sliding layers (capacity >= window - 1 + chunk),
-    plain positions for full layers (capacity >= max context)."""
-    cap = kc.shape[1]
-    check_kv_capacity(slot, pos, cap, window)
-    idx = pos % cap
-    kc[slot, idx] = kv_store(k, kc.dtype, k_scale)
-    vc[slot, idx] = kv_store(v, vc.dtype, v_scale)
+def kv_write_ref(kc, vc, k, v, slot, pos, *extras, window=None, paged=False):
+    """Write this step's K/V: a ring for sliding layers (capacity >= window - 1 + chunk) at [slot, pos % C], pages
+    for full layers at [block_table[slot, pos // page], pos % page]. Everything is checked before the write."""
+    bt, k_scale, v_scale = _split_extras(extras, paged)
+    check_kv_capacity(slot, pos, kc.shape[1], window, bt, kc.shape[0])
+    rows = cache_rows(kc, slot, pos, bt)
+    kc[rows] = kv_store(k, kc.dtype, k_scale)
+    vc[rows] = kv_store(v, vc.dtype, v_scale)
     return kc, vc
 
 
-REFS["kv_write"] = lambda t, a: kv_write_ref(*t, window=a.get("window"))
+REFS["kv_write"] = lambda t, a: kv_write_ref(*t, window=a.get("window"), paged=a.get("paged", False))
 
 
-def attention_ref(q, kc, vc, slot, pos, k_scale=None, v_scale=None, *, window: int | None, scale: float):
+def attention_ref(q, kc, vc, slot, pos, *extras, window: int | None, scale: float, paged: bool = False):
     """Causal GQA attention of each token over its sequence's cached keys (this step's included).
 
     A token at position p attends to positions (p - window, p] (sliding) or [0, p] (full). Scores, softmax and the
     P @ V product are fp32; the output is rounded once to q's dtype (flash-attention numerics)."""
+    bt, k_scale, v_scale = _split_extras(extras, paged)
     T, hq, d = q.shape
     hkv, cap = kc.shape[2], kc.shape[1]
     group = hq // hkv
@@ -151,12 +208,13 @@ def attention_ref(q, kc, vc, slot, pos, k_scale=None, v_scale=None, *, window: i
         rows = (slot == s).nonzero().flatten()
         qp = pos[rows]
         lo = max(int(qp.min()) - (window - 1 if window else int(qp.min())), 0)
-        if int(qp.max()) + 1 - lo > cap:  # kv_write checks this first; a direct call still must not read garbage
+        if bt is None and int(qp.max()) + 1 - lo > cap:  # kv_write checks this first; a direct call must not misread
             raise BeamcError("attention", f"slot {s} needs positions {lo}..{int(qp.max())} but the cache holds "
                              f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
         kpos = torch.arange(lo, int(qp.max()) + 1, device=q.device)
-        k = kv_load(kc[s, kpos % cap], k_scale).repeat_interleave(group, dim=1)  # [K, hq, d]
-        v = kv_load(vc[s, kpos % cap], v_scale).repeat_interleave(group, dim=1)
+        at = cache_rows(kc, torch.full_like(kpos, s), kpos, bt)
+        k = kv_load(kc[at], k_scale).repeat_interleave(group, dim=1)  # [K, hq, d]
+        v = kv_load(vc[at], v_scale).repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,khd->htk", q[rows].float(), k) * scale
         allowed = kpos[None, :] <= qp[:, None]
         if window:
@@ -167,7 +225,8 @@ def attention_ref(q, kc, vc, slot, pos, k_scale=None, v_scale=None, *, window: i
     return out
 
 
-REFS["attention"] = lambda t, a: (attention_ref(*t, window=a["window"], scale=a["scale"]),)
+REFS["attention"] = lambda t, a: (attention_ref(*t, window=a["window"], scale=a["scale"],
+                                                paged=a.get("paged", False)),)
 
 
 # ---------------------------------------------------------------- MLPs
@@ -326,10 +385,9 @@ def qk_norm_pos_ref(q, k, wq, wk, pos, a):
 REFS["qk_norm_pos"] = lambda t, a: qk_norm_pos_ref(*t, a)
 
 
-def qk_norm_pos_kv_ref(q, k, v, wq, wk, kc, vc, slot, pos, *scales, a):
-    check_kv_capacity(slot, pos, kc.shape[1], a.get("window"))  # before any compute, as kv_write does
+def qk_norm_pos_kv_ref(q, k, v, wq, wk, kc, vc, slot, pos, *extras, a):
     q, k = qk_norm_pos_ref(q, k, wq, wk, pos, a)
-    kc, vc = kv_write_ref(kc, vc, k, v, slot, pos, *scales, window=a.get("window"))
+    kc, vc = kv_write_ref(kc, vc, k, v, slot, pos, *extras, window=a.get("window"), paged=a.get("paged", False))
     return q, kc, vc
 
 

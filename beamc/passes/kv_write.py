@@ -15,9 +15,10 @@ PATTERN = Pat("kv_write", A("kc"), A("vc"),
 
 def build(g, m):
     qk, kvw = m["qk"], m["kvw"]
-    scales = kvw.inputs[6:]  # fp8 caches: the k and v scales
+    extras = kvw.inputs[6:]  # paged caches: the block table; fp8 caches: the k and v scales
     q, kc, vc = g.add("qk_norm_pos_kv", m["q"], m["k"], m["v"], m["wq"], m["wk"], m["kc"], m["vc"], m["slot"],
-                      m["pos"], *scales, name="qk_norm_pos_kv", **qk.attrs, window=kvw.attrs.get("window"))
+                      m["pos"], *extras, name="qk_norm_pos_kv", **qk.attrs, window=kvw.attrs.get("window"),
+                      paged=kvw.attrs.get("paged", False))
     return {qk.outputs[0]: q, kvw.outputs[0]: kc, kvw.outputs[1]: vc}
 
 

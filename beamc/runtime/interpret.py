@@ -14,7 +14,7 @@ from beamc.errors import BeamcError
 from beamc.ir.dtypes import torch_dtype
 from beamc.ir.graph import Graph, Node, Value
 from beamc.ir.ops import OPS
-from beamc.ir.reference import RANK_REFS, REFS
+from beamc.ir.reference import RANK_REFS, REFS, check_step_caches
 
 
 def _bind(v: Value, t: torch.Tensor, env: dict[str, int], what: str) -> None:
@@ -55,6 +55,10 @@ class Interpreter:
         states = states if states is not None else [{} for _ in range(R)]
         envs: list[dict[int, torch.Tensor]] = [{} for _ in range(R)]
         sym: dict[str, int] = {}
+        for r, g in enumerate(self.graphs):  # cache capacity, pages, block tables: all layers, before any write
+            src = {"input": inputs, "state": states[r]}
+            check_step_caches(g.nodes, lambda v: src[v.producer.op][v.producer.attrs["name"]]
+                              if v.producer.attrs.get("name") in src.get(v.producer.op, {}) else _missing(v))
         for i in range(len(self.graphs[0].nodes)):
             nodes = [g.nodes[i] for g in self.graphs]
             n0 = nodes[0]
@@ -86,6 +90,10 @@ class Interpreter:
                 states[r][name] = envs[r][id(v)]
             results.append({k: envs[r][id(v)] for k, v in g.outputs.items()})
         return results
+
+
+def _missing(v: Value):
+    raise BeamcError(f"{v.producer.op} {v.producer.attrs.get('name')}", "not provided to the step")
 
 
 def _check_finite(n: Node, outs: tuple[torch.Tensor, ...], rank: int) -> None:

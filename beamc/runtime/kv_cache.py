@@ -1,9 +1,10 @@
 """Sequences in cache slots: which slot holds how many tokens, and whether a step fits, decided before it runs.
 
-Shared by the reference session and the compiled runtime. Full-attention layers keep `max_len` positions per slot;
-sliding layers keep a ring of `window - 1 + max_chunk` positions (a chunk's first token still sees its whole
-window when the chunk's last token is written). Every check happens before any cache is touched, so a refused
-step leaves every sequence's cache as it was.
+Shared by the reference session and the compiled runtime. Full-attention layers keep their K/V in pages of
+`page_size` positions from one pool, found through a block table per sequence (serving stacks hand those in; this
+table gives each slot its own `max_len / page_size` pages); sliding layers keep a ring of `window - 1 + max_chunk`
+positions per slot (a chunk's first token still sees its whole window when the chunk's last token is written).
+Every check happens before any cache is touched, so a refused step leaves every sequence's cache as it was.
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ class SlotTable:
     max_seqs: int
     max_len: int
     max_chunk: int
+    page_size: int = 16
     lengths: list[int] = field(init=False)
 
     def __post_init__(self):
-        for name in ("max_seqs", "max_len", "max_chunk"):
+        for name in ("max_seqs", "max_len", "max_chunk", "page_size"):
             if getattr(self, name) < 1:
                 raise BeamcError(name, f"must be >= 1, got {getattr(self, name)}")
         limit = self.spec.max_position_embeddings
@@ -42,9 +44,18 @@ class SlotTable:
         w = self.spec.effective_window
         return min(self.max_len, w - 1 + self.max_chunk)
 
+    @property
+    def pages_per_seq(self) -> int:
+        return -(-self.max_len // self.page_size)
+
     def sizes(self) -> dict[str, int]:
-        """The symbolic cache dims of the graphs: S slots, Cs sliding ring, Cf full context."""
-        return {"S": self.max_seqs, "Cs": self.ring, "Cf": self.max_len}
+        """The symbolic cache dims of the graphs: S slots, Cs sliding ring, P pages in the pool, MP per sequence."""
+        return {"S": self.max_seqs, "Cs": self.ring, "P": self.max_seqs * self.pages_per_seq, "MP": self.pages_per_seq}
+
+    def block_table(self, device: Any = "cpu") -> torch.Tensor:
+        """[S, MP] int32: slot s owns pages s * MP ... (s + 1) * MP - 1 of the pool."""
+        mp = self.pages_per_seq
+        return torch.arange(self.max_seqs * mp, dtype=torch.int32, device=device).view(self.max_seqs, mp)
 
     def plan(self, chunks: list[tuple[int, list[int]]]) -> dict[str, list[int]]:
         """input_ids, positions and slots of a step appending each chunk to its slot; raises before anything runs."""
@@ -88,7 +99,7 @@ class SlotTable:
 
 
 def alloc_states(g: Graph, sizes: dict[str, int], device: Any = "cpu") -> dict[str, torch.Tensor]:
-    """Zeroed state tensors for a graph's `state` leaves, symbolic dims taken from `sizes` (S, Cs, Cf)."""
+    """Zeroed state tensors for a graph's `state` leaves, symbolic dims taken from `sizes` (S, Cs, P)."""
     out = {}
     for name, node in g.leaves("state").items():
         v = node.out

@@ -37,9 +37,10 @@ def moe_experts_nvfp4(x, idx, *params_and_out):
     out.copy_(R.moe_experts_ref(x, idx, *params, fmt="nvfp4"))
 
 
-def attention(q, kc, vc, slot, pos, *scales_and_out, window=None, scale=None):
-    *scales, out = scales_and_out
-    out.copy_(R.attention_ref(q, kc, vc, slot, pos, *scales, window=window, scale=scale))
+def attention(q, kc, vc, slot, pos, *extras_and_out, window=None, scale=None, paged=False):
+    """extras: a paged cache's block table, then an fp8 cache's k/v scales."""
+    *extras, out = extras_and_out
+    out.copy_(R.attention_ref(q, kc, vc, slot, pos, *extras, window=window, scale=scale, paged=paged))
 
 
 def moe_combine_scale(y, w, idx, out, scale=None):

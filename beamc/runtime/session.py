@@ -2,7 +2,8 @@
 
 It is how tests and `beamc logits` run the IR end to end: sequences live in cache slots; a prefill step appends a
 chunk to any number of slots (each from its own current length), a decode step appends one token to each named
-slot. Sliding layers keep a ring of `window - 1 + max_chunk` positions, full layers `max_len` positions.
+slot. Sliding layers keep a ring of `window - 1 + max_chunk` positions, full layers `max_len` positions in pages
+(`runtime.kv_cache.SlotTable`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from beamc.runtime.kv_cache import SlotTable, alloc_states
 from beamc.spec.schema import ModelSpec
 
 
+def page_size(g: Graph) -> int:
+    """Positions per page of a graph's paged (full-layer) caches; 1 when it has none."""
+    shapes = [n.out.shape for n in g.leaves("state").values() if n.out.shape[0] == "P"]
+    return shapes[0][1] if shapes else 1
+
+
 class ReferenceSession:
     def __init__(self, spec: ModelSpec, weights: list[dict[str, torch.Tensor]], *, tp: int = 1,
                  dtype: Literal["bf16", "f32"] | None = "f32", max_seqs: int = 4, max_len: int = 1024,
@@ -25,12 +32,14 @@ class ReferenceSession:
         from beamc.compiler import compile_graphs
 
         self.spec, self.tp, self.device = spec, tp, device
-        self.slots = SlotTable(spec, max_seqs, max_len, max_chunk)
         self.graphs = graphs = graphs or compile_graphs(spec, tp=tp, dtype=dtype)
+        self.slots = SlotTable(spec, max_seqs, max_len, max_chunk, page_size=page_size(graphs["prefill"][0]))
         # the load-time weight plan (packed params) is the same for both phases: build it once
         weights = [with_packed_weights(g, w) for g, w in zip(graphs["prefill"], weights)]
         self.interp = {k: Interpreter(gs, weights) for k, gs in graphs.items()}
         self.states = [alloc_states(g, self.slots.sizes(), device) for g in self.graphs["prefill"]]
+        has_pages = "block_table" in self.graphs["prefill"][0].leaves("input")
+        self.fixed_inputs = {"block_table": self.slots.block_table(device)} if has_pages else {}
 
     @property
     def lengths(self) -> list[int]:
@@ -51,6 +60,7 @@ class ReferenceSession:
     def _step(self, phase: str, chunks: list[tuple[int, list[int]]]) -> torch.Tensor:
         """Logits [T, V] (fp32), rows in the order the tokens were given. Every check runs before the step."""
         inputs = {k: torch.tensor(v, device=self.device) for k, v in self.slots.plan(chunks).items()}
+        inputs.update(self.fixed_inputs)
         out = self.interp[phase].run(inputs, self.states)[0]["logits"]
         self.slots.commit(chunks)
         return out
