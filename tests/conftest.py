@@ -83,6 +83,28 @@ def register_beamc_attention() -> str:
     return "beamc_ref"
 
 
+def run_interpreted(argv: list[str], out: Path) -> dict:
+    """`python argv...` in a process of its own with TRITON_INTERPRET=1 (Triton's CPU interpreter patches
+    triton.language and imports parts of triton lazily: it must not share a process with compiled kernels); returns
+    the JSON the child wrote to `out`."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, *argv], env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(Path(out).read_text())
+
+
+def run_interpreted_main(module: str, out: Path) -> dict:
+    """run_interpreted for a test module that has `_interpreted_main(out)`."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+            f"import {module} as t; t._interpreted_main({str(out)!r})")
+    return run_interpreted(["-c", code], out)
+
+
 def hf_model(ckpt: Path, dtype: torch.dtype, attn: str = "sdpa"):
     from transformers import BeamForCausalLM
 

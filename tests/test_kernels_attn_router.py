@@ -18,7 +18,6 @@ import json
 import multiprocessing
 import os
 import re
-import subprocess
 import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -127,12 +126,10 @@ def tiny():
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     """Results of every interpreter case, run in one child process (see the module docstring)."""
+    from conftest import run_interpreted  # not at the top: this file is also the child's script
+
     d = tmp_path_factory.mktemp("interpreted")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__, str(d / "results.json"), str(d)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads((d / "results.json").read_text())
+    return run_interpreted([__file__, str(d / "results.json"), str(d)], d / "results.json")
 
 
 def pdl_facts(ptx: str) -> dict:

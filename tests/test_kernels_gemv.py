@@ -17,8 +17,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
 from beamc.ir.reference import REFS
-from conftest import rel_err
+from conftest import rel_err, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,13 +107,7 @@ def _interpreted_main(out: str) -> None:
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
     """Triton's interpreter in its own process (see tests/test_kernels_pointwise.py: `interpreted`)."""
-    out = tmp_path_factory.mktemp("interpreted_gemv") / "results.json"
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            f"import test_kernels_gemv as t; t._interpreted_main({str(out)!r})")
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(out.read_text())
+    return run_interpreted_main("test_kernels_gemv", tmp_path_factory.mktemp("interpreted_gemv") / "results.json")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(*c) for c in CASES])

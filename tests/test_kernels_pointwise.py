@@ -27,7 +27,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
 from beamc.ir.reference import REFS
-from conftest import rel_err
+from conftest import rel_err, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,17 +169,7 @@ def interpreted(tmp_path_factory) -> dict:
     """Triton's interpreter runs in its own process: TRITON_INTERPRET is read when a module is imported, the
     interpreter imports parts of triton lazily during a launch, and its patches of triton.language do not all
     come undone; compiled kernels (the AOT tests below, GPU tests in the same session) must not see any of it."""
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path_factory.mktemp("interpreted") / "results.json"
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            f"import test_kernels_pointwise as t; t._interpreted_main({str(out)!r})")
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(out.read_text())
+    return run_interpreted_main("test_kernels_pointwise", tmp_path_factory.mktemp("interpreted") / "results.json")
 
 
 @pytest.mark.parametrize("spec_name", SPECS_FP32)
