@@ -105,6 +105,37 @@ def run_interpreted_main(module: str, out: Path) -> dict:
     return run_interpreted(["-c", code], out)
 
 
+def write_gpu_summary(summary: dict, name: str):
+    """Generator for a module fixture: stamp the versions and device into `summary`, let the tests fill it, then
+    write it to $BEAMC_GPU_OUT/<name> when that is set (the device tool brings $OUT back)."""
+    import json
+    import os
+
+    import triton
+
+    summary["env"] = dict(torch=torch.__version__, triton=triton.__version__,
+                          device=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    yield summary
+    out = os.environ.get("BEAMC_GPU_OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps(summary, indent=1))
+
+
+def assert_template_contract(mod) -> None:
+    """The contract of beamc/codegen/kernel.py for a rendered module rendered with PDL on: every kernel argument
+    typed in SIGNATURE, in order; constexprs as CONSTEXPRS; one OPTIONS dict that the launcher launches with."""
+    import inspect
+
+    assert list(mod.SIGNATURE) == mod.kernel.arg_names  # every kernel argument typed, in order
+    assert {n for n, t in mod.SIGNATURE.items() if t == "constexpr"} == set(mod.CONSTEXPRS)
+    assert all(t in ("i32", "constexpr") or t.startswith("*") for t in mod.SIGNATURE.values())
+    assert mod.OPTIONS == dict(num_warps=mod.NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
+                               launch_pdl=True) and mod.PDL is True
+    launch_src = inspect.getsource(mod.launch)
+    assert "**OPTIONS)" in launch_src and "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
+
+
 def hf_model(ckpt: Path, dtype: torch.dtype, attn: str = "sdpa"):
     from transformers import BeamForCausalLM
 

@@ -24,7 +24,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
 from beamc.ir.reference import REFS
-from conftest import rel_err, run_interpreted_main
+from conftest import assert_template_contract, rel_err, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,13 +196,7 @@ def test_rendered_module_contract(epi, kdir):
     assert mod.__doc__ and ks.op in mod.__doc__ and isinstance(mod.GRID, str)
     assert list(inspect.signature(mod.launch).parameters) == IR_ARGS[epi] + ["scratch"]
     assert inspect.signature(mod.launch).parameters["scratch"].default is None
-    assert list(mod.SIGNATURE) == mod.kernel.arg_names
-    assert {n for n, t in mod.SIGNATURE.items() if t == "constexpr"} == set(mod.CONSTEXPRS)
-    assert all(t in ("i32", "constexpr") or t.startswith("*") for t in mod.SIGNATURE.values())
-    assert mod.OPTIONS == dict(num_warps=mod.NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
-                               launch_pdl=True) and mod.PDL is True
-    launch_src = inspect.getsource(mod.launch)
-    assert "**OPTIONS)" in launch_src and "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
+    assert_template_contract(mod)
     assert mod.scratch_numel(3) == mod.SPLIT_K * 3 * mod.N_W
     off = load_kernel(kernel_spec(epi, 256, 96, "bf16", pdl=False)[0], kdir)
     assert off.OPTIONS == dict(mod.OPTIONS, launch_pdl=False) and "gdc_" not in inspect.getsource(off)

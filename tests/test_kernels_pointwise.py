@@ -27,7 +27,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
 from beamc.ir.reference import REFS
-from conftest import rel_err, run_interpreted_main
+from conftest import assert_template_contract, rel_err, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,15 +231,7 @@ def test_rendered_module_contract(kind, kdir):
     mod = _load(ks, kdir)
     assert mod.__doc__ and ks.op in mod.__doc__ and isinstance(mod.GRID, str)
     assert list(inspect.signature(mod.launch).parameters) == IR_ARGS[kind]
-    kernel_args = mod.kernel.arg_names
-    assert list(mod.SIGNATURE) == kernel_args  # every kernel argument typed, in order
-    assert {n for n, t in mod.SIGNATURE.items() if t == "constexpr"} == set(mod.CONSTEXPRS)
-    assert all(t in ("i32", "constexpr") or t.startswith("*") for t in mod.SIGNATURE.values())
-    # one options contract: the launcher launches with OPTIONS (which aot_compile compiles with), nothing ad hoc
-    assert mod.OPTIONS == dict(num_warps=mod.NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
-                               launch_pdl=True) and mod.PDL is True
-    launch_src = inspect.getsource(mod.launch)
-    assert "**OPTIONS)" in launch_src and "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
+    assert_template_contract(mod)  # one options contract: the launcher launches with OPTIONS, nothing ad hoc
     off = _load(kernel_spec(kind, _dims("odd"), "bf16", pdl=False)[0], kdir)
     assert off.OPTIONS == dict(mod.OPTIONS, launch_pdl=False) and "gdc_" not in inspect.getsource(off)
     assert _load(kernel_spec(kind, _dims("odd"), "f32")[0], kdir).OPTIONS["launch_pdl"] is False  # fp32 default

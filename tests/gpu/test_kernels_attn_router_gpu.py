@@ -22,8 +22,6 @@ One short line per case is printed; with BEAMC_GPU_OUT set, a JSON summary goes 
 """
 from __future__ import annotations
 
-import json
-import os
 import zlib
 from pathlib import Path
 
@@ -34,6 +32,7 @@ import torch.nn.functional as F
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.ir.reference import REFS, moe_select_ref
 from beamc.spec import load_spec
+from conftest import write_gpu_summary
 from test_kernels_attn_router import (ODD_ROUTER, ODD_WINDOW, odd_qk_constants, qk_constants, qk_reference,
                                       router_constants, router_ties)
 
@@ -45,16 +44,8 @@ _MODULES: dict = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def summary(tmp_path_factory):
-    import triton
-
-    SUMMARY["env"] = dict(torch=torch.__version__, triton=triton.__version__,
-                          device=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-    yield SUMMARY
-    out = os.environ.get("BEAMC_GPU_OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "attn_router.json").write_text(json.dumps(SUMMARY, indent=1))
+def summary():
+    yield from write_gpu_summary(SUMMARY, "attn_router.json")
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ One short line per case is printed; with BEAMC_GPU_OUT set, a JSON summary goes 
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ import torch
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.ir.reference import REFS
 from beamc.spec import load_spec
+from conftest import write_gpu_summary
 from test_kernels_moe import TEMPLATE, distinct_idx, h_reference, moe_constants, nvfp4_experts
 
 pytestmark = pytest.mark.gpu
@@ -32,15 +31,7 @@ _CACHE: dict = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def summary():
-    import triton
-
-    SUMMARY["env"] = dict(torch=torch.__version__, triton=triton.__version__,
-                          device=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-    yield SUMMARY
-    out = os.environ.get("BEAMC_GPU_OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "moe.json").write_text(json.dumps(SUMMARY, indent=1))
+    yield from write_gpu_summary(SUMMARY, "moe.json")
 
 
 def _constants(pdl: bool | None = None) -> dict:
