@@ -1,0 +1,137 @@
+"""The ragged prefill attention template `attention_prefill` on CUDA, bf16, at the full spec's TP-8 shapes (6 query
+heads, 1 KV head of 128; sliding layers: ring of window - 1 + max chunk positions, window 512; full layers: paged,
+page 16, shuffled block table), against the fp32 reference (`attention_ref` with q in fp32, on the same cache).
+
+- ||out - ref|| / ||ref|| < 1e-2 (flash-attention numerics: P rounded to bf16 for P @ V), outputs poisoned with
+  NaN first, every cache row the reference does not read NaN (the kernel reads nothing else);
+- ragged batches: prior context 0, 511, 4096 and chunks of 1, 16, 257, 300, 700 tokens (tiles straddle sequences),
+  a shuffled token order, one sequence at 100,000 tokens of prior context; bf16 and fp8 e4m3 KV (the reference fed
+  the same fp8 cache and scales);
+- a CUDA graph captured once replays on new inputs (other prior contexts, q, caches copied into the captured
+  buffers) to the eager launch's bits;
+- the compiled kernel (sm_90a, as aot_compile builds it) spills no registers.
+One line per case is printed; with BEAMC_GPU_OUT set, a JSON summary goes to $BEAMC_GPU_OUT/attention_prefill.json.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.spec import load_spec
+from conftest import write_gpu_summary
+from test_kernels_attention_prefill import make_case, reference, spec_constants
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+SUMMARY: dict = {"cases": [], "graph": [], "compile": []}
+_MODULES: dict = {}
+
+RAGGED = [(0, 0, 700), (1, 511, 300), (2, 4096, 1), (3, 4096, 257), (4, 5, 16)]
+CASES = {
+    # name: (sequences (slot, prior, chunk), shuffled token order)
+    "ragged": (RAGGED, False),
+    "ragged-shuffled": (RAGGED, True),
+    "long-100k": ([(0, 100_000, 300)], False),
+    "long-100k+decode": ([(1, 100_000, 1), (0, 100_003, 64), (2, 0, 33)], False),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary():
+    yield from write_gpu_summary(SUMMARY, "attention_prefill.json")
+
+
+@pytest.fixture(scope="module")
+def kdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("attention_prefill_gpu")
+
+
+def _constants(kind: str, cache: str) -> dict:
+    return spec_constants(load_spec(ROOT / "models/beam.yaml"), 8, kind, cache, page=16)
+
+
+def _module(c: dict, directory: Path):
+    spec = KernelSpec("attention_prefill", "attention", c)
+    if spec.name not in _MODULES:
+        _MODULES[spec.name] = load_kernel(spec, directory)
+    return _MODULES[spec.name]
+
+
+def _norm_rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.mark.parametrize("cache", ["bf16", "f8e4m3"])
+@pytest.mark.parametrize("kind", ["sliding", "full"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bf16_matches_fp32_reference(case, kind, cache, kdir):
+    c = _constants(kind, cache)
+    mod = _module(c, kdir)
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=7, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle)
+    out = torch.full_like(ins[0], float("nan"))
+    mod.launch(*ins, out)
+    torch.cuda.synchronize()
+    want = reference(c, ins, torch.float32)  # q in fp32: the fp32 reference of the bf16 inputs
+    assert not want.isnan().any()
+    nan = int(out.isnan().sum())
+    err = _norm_rel(out, want) if nan == 0 else float("inf")
+    print(f"attention_prefill {kind} {cache} {case}: T={len(out)} rel err {err:.3e}")
+    SUMMARY["cases"].append(dict(case=case, kind=kind, cache=cache, T=len(out), rel_err=err, nan=nan))
+    assert nan == 0, f"{nan} unwritten (NaN) output elements"
+    assert err < 1e-2, err
+
+
+@pytest.mark.parametrize("kind", ["sliding", "full"])
+def test_cuda_graph_replays_new_inputs(kind, kdir):
+    """Capture one launch; copy other inputs (the same chunk lengths at other prior contexts) into the captured
+    buffers; the replay equals an eager launch bit for bit and the reference within 1e-2."""
+    c = _constants(kind, "bf16")
+    mod = _module(c, kdir)
+    first = [(0, 0, 300), (1, 511, 17), (2, 4096, 1)]
+    second = [(0, 3797, 300), (1, 0, 17), (2, 527, 1)]  # the same longest sequence: the same cache shapes
+    ins = make_case(c, first, seed=1, device="cuda", q_dtype=torch.bfloat16)
+    out = torch.full_like(ins[0], float("nan"))
+    mod.launch(*ins, out)  # warm-up: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            mod.launch(*ins, out)
+    torch.cuda.synchronize()
+
+    fresh = make_case(c, second, seed=2, device="cuda", q_dtype=torch.bfloat16)
+    assert all(a.shape == b.shape for a, b in zip(ins, fresh))
+    for a, b in zip(ins, fresh):
+        a.copy_(b)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = torch.full_like(out, float("nan"))
+    mod.launch(*ins, eager)
+    torch.cuda.synchronize()
+    err = _norm_rel(out, reference(c, ins, torch.float32))
+    SUMMARY["graph"].append(dict(kind=kind, equal_eager=bool(torch.equal(out, eager)), rel_err=err))
+    assert not out.isnan().any() and torch.equal(out, eager)
+    assert err < 1e-2, err
+
+
+@pytest.mark.parametrize("cache", ["bf16", "f8e4m3"])
+@pytest.mark.parametrize("kind", ["sliding", "full"])
+def test_compiled_kernel_does_not_spill(kind, cache, kdir):
+    """The kernel as aot_compile builds it for sm_90a (the launcher's OPTIONS), loaded: registers, no spills."""
+    c = _constants(kind, cache)
+    mod = _module(c, kdir)
+    ck = aot_compile(mod, 90)
+    ck._init_handles()
+    SUMMARY["compile"].append(dict(kind=kind, cache=cache, n_regs=ck.n_regs, n_spills=ck.n_spills,
+                                   shared=ck.metadata.shared, BLOCK_M=mod.BLOCK_M, BLOCK_N=mod.BLOCK_N,
+                                   num_warps=mod.NUM_WARPS))
+    print(f"attention_prefill {kind} {cache}: {ck.n_regs} registers, {ck.n_spills} spills, "
+          f"{ck.metadata.shared} B shared")
+    assert ck.n_spills == 0

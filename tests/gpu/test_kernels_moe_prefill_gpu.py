@@ -1,0 +1,182 @@
+"""Generated `moe_nvfp4_prefill` (IR op `moe_experts`, format "nvfp4", the large-T path) on CUDA.
+
+bf16 kernel outputs against an fp32 reference on the dequantised weights (`REFS["moe_experts"]` with x in fp32:
+`expert_weights` dequantises to fp32, the GEMMs and SwiGLU run in fp32), judged by ||y - ref|| / ||ref|| < 1e-2 (the
+bf16 reference's error is printed beside it). Shapes: the full spec at TP 8 (E 256, H 5120, I 320, top-k 8) with
+M in {1, 65, 1000, 16384} tokens, and odd shapes (E 5, H 272, I 48, top-k 3; E 7, H 320, I 96, top-k 4); routings:
+k distinct random experts per token, every pair on one expert, a few experts only (the others empty), repeated
+experts within a token. y poisoned with NaN, the scratch with canaries past scratch_numel(M); the sort's counts
+checked against torch.bincount. Rendered as by default for bf16 (PDL on), once with PDL off, and with NATIVE_FP4
+(tl.dot_scaled, Triton's emulation on sm_90) where the installed Triton compiles it (3.6 does not: skipped, with the
+reason). A CUDA graph captured with a fixed scratch replays new x and idx to the same bits as a direct launch.
+
+One short line per case is printed; with BEAMC_GPU_OUT set, a JSON summary goes to $BEAMC_GPU_OUT/moe_prefill.json.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.codegen.kernel import KernelSpec, load_kernel
+from beamc.ir.reference import REFS
+from beamc.spec import load_spec
+from conftest import write_gpu_summary
+from test_kernels_moe import moe_constants, nvfp4_experts
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = "moe_nvfp4_prefill"
+SUMMARY: dict = {"moe_nvfp4_prefill": []}
+_CACHE: dict = {}
+
+SHAPES = {
+    "tp8": None,  # the full spec's
+    "odd-e5": dict(E=5, H=272, I=48, TOP_K=3),
+    "odd-e7": dict(E=7, H=320, I=96, TOP_K=4),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary():
+    yield from write_gpu_summary(SUMMARY, "moe_prefill.json")
+
+
+def _constants(shape: str, **extra) -> dict:
+    c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16") if SHAPES[shape] is None else \
+        dict(DTYPE="bf16", **SHAPES[shape])
+    return dict(c, **extra)
+
+
+def _module(shape: str, tmp_path_factory, **extra):
+    key = ("mod", shape, tuple(sorted(extra.items())))
+    if key not in _CACHE:
+        _CACHE[key] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", _constants(shape, **extra)),
+                                  tmp_path_factory.mktemp("moe_prefill_kernels"))
+    return _CACHE[key]
+
+
+def _weights(shape: str):
+    """The experts of a shape (quantised on the GPU), made once."""
+    if ("params", shape) not in _CACHE:
+        c = _constants(shape)
+        _CACHE[("params", shape)] = nvfp4_experts(c["E"], c["H"], c["I"], torch.Generator().manual_seed(0),
+                                                  device="cuda")
+    return _CACHE[("params", shape)]
+
+
+def _routing(kind: str, M: int, E: int, k: int, g: torch.Generator) -> torch.Tensor:
+    if kind == "distinct":
+        r = torch.rand(M, E, generator=g).argsort(dim=1)[:, :k]
+    elif kind == "one":  # every pair on one expert
+        r = torch.full((M, k), E // 2)
+    elif kind == "few":  # 3 experts get every pair, the others none (repeats within a token too)
+        keep = torch.tensor([1, E // 2, E - 1])
+        r = keep[torch.randint(0, 3, (M, k), generator=g)]
+    else:  # "repeat": random with repeats
+        r = torch.randint(0, E, (M, k), generator=g)
+    return r.long().cuda()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _run(mod, params, x, idx):
+    M, k, H = x.shape[0], mod.TOP_K, mod.H
+    y = torch.full((M, k, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    n = mod.scratch_numel(M)
+    scratch = torch.full((n + 64,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mod.launch(x, idx, *params, y, scratch)
+    torch.cuda.synchronize()
+    assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(M)"
+    assert torch.isfinite(y).all(), "unwritten (or non-finite) outputs"
+    counts = mod.scratch_views(scratch, M)["count"].long()
+    assert torch.equal(counts, torch.bincount(idx.flatten(), minlength=mod.E)), "the sort's counts"
+    return y
+
+
+def _check(mod, shape: str, M: int, kind: str, label: str = "") -> dict:
+    params = _weights(shape)
+    g = torch.Generator().manual_seed(M + len(kind))
+    x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
+    idx = _routing(kind, M, mod.E, mod.TOP_K, g)
+    y = _run(mod, params, x, idx)
+    ref32 = REFS["moe_experts"]([x.float(), idx, *params], {"format": "nvfp4"})[0]
+    ref16 = REFS["moe_experts"]([x, idx, *params], {"format": "nvfp4"})[0]
+    err, err16 = _rel(y, ref32), _rel(y, ref16)
+    line = dict(shape=shape, M=M, routing=kind, variant=label or "default", pdl=mod.PDL, native=mod.NATIVE_FP4,
+                rel_err_fp32_ref=err, rel_err_bf16_ref=err16, bf16_ref_vs_fp32_ref=_rel(ref16, ref32),
+                bitwise_equal_bf16_ref=(y == ref16).float().mean().item())
+    SUMMARY["moe_nvfp4_prefill"].append(line)
+    print(f"moe_nvfp4_prefill {shape} M={M} {kind} {line['variant']}: rel err {err:.2e} (fp32 ref), "
+          f"{err16:.2e} (bf16 ref; bf16 ref itself {line['bf16_ref_vs_fp32_ref']:.2e})")
+    assert err < 1e-2, line
+    return line
+
+
+@pytest.mark.parametrize("M,kind", [(1, "distinct"), (65, "distinct"), (1000, "distinct"), (16384, "distinct"),
+                                    (1000, "one"), (16384, "one"), (1000, "few"), (1000, "repeat")])
+def test_tp8_matches_fp32_reference(M, kind, tmp_path_factory):
+    _check(_module("tp8", tmp_path_factory), "tp8", M, kind)
+
+
+@pytest.mark.parametrize("shape", ["odd-e5", "odd-e7"])
+@pytest.mark.parametrize("M,kind", [(1000, "distinct"), (1000, "few"), (333, "repeat")])
+def test_odd_shapes_match_fp32_reference(shape, M, kind, tmp_path_factory):
+    _check(_module(shape, tmp_path_factory), shape, M, kind)
+
+
+def test_tp8_pdl_off(tmp_path_factory):
+    mod = _module("tp8", tmp_path_factory, PDL=False)
+    assert mod.PDL is False
+    _check(mod, "tp8", 1000, "distinct", "pdl-off")
+
+
+@pytest.mark.parametrize("shape,M", [("tp8", 1000), ("odd-e7", 1000)])
+def test_native_fp4_path(shape, M, tmp_path_factory):
+    """NATIVE_FP4 (tl.dot_scaled with e4m3 block scales; the sm100 path) where Triton compiles it on this GPU."""
+    import triton
+
+    mod = _module(shape, tmp_path_factory, NATIVE_FP4=True)
+    try:
+        _check(mod, shape, M, "distinct", "native_fp4")
+    except Exception as e:  # noqa: BLE001
+        if "PassManager" in str(e) or "CompilationError" in type(e).__name__:
+            pytest.skip(f"Triton {triton.__version__} does not compile bf16 x e2m1 dot_scaled with e4m3 scales: "
+                        f"{type(e).__name__}")
+        raise
+
+
+def test_cuda_graph_replay(tmp_path_factory):
+    """Captured once with fixed buffers (x, idx, y, scratch), replayed with new x and idx copied in (a different
+    routing: other experts, other block counts): the same bits as a direct launch."""
+    mod = _module("tp8", tmp_path_factory)
+    params = _weights("tp8")
+    M = 1000
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
+    idx = _routing("distinct", M, mod.E, mod.TOP_K, g)
+    y = torch.empty(M, mod.TOP_K, mod.H, dtype=torch.bfloat16, device="cuda")
+    scratch = torch.empty(mod.scratch_numel(M), dtype=torch.bfloat16, device="cuda")
+    mod.launch(x, idx, *params, y, scratch)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mod.launch(x, idx, *params, y, scratch)
+    for seed, kind in ((8, "distinct"), (9, "few"), (10, "one")):
+        g = torch.Generator().manual_seed(seed)
+        x.copy_(torch.randn(M, mod.H, generator=g).bfloat16())
+        idx.copy_(_routing(kind, M, mod.E, mod.TOP_K, g))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        direct = torch.full_like(y, float("nan"))
+        mod.launch(x, idx, *params, direct, torch.empty_like(scratch))
+        torch.cuda.synchronize()
+        assert torch.equal(y, direct), kind
+        ref = REFS["moe_experts"]([x.float(), idx, *params], {"format": "nvfp4"})[0]
+        assert _rel(y, ref) < 1e-2, kind
+    SUMMARY["moe_nvfp4_prefill"].append(dict(cuda_graph_replay="bitwise equal to direct launches", M=M))

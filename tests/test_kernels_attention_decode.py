@@ -1,0 +1,294 @@
+"""The decode attention template `attention_decode` (IR op `attention`, flash-decoding) on CPU.
+
+1. fp32 instances under Triton's CPU interpreter (one child process, see conftest.run_interpreted_main) equal
+   `beamc.ir.reference.attention_ref` on the same inputs (max |out - ref| / max |ref| < 1e-5), outputs and a
+   caller's scratch poisoned with NaN (plus canaries past scratch_numel), the cache rows no token may read poisoned
+   too (NaN; 0x7F bytes for fp8): sliding ring caches with positions across the ring's wrap, full paged caches with a
+   shuffled block table and contexts spanning many pages (page 4 with 16-position blocks, page 32 with 16-position
+   blocks), a full ring, fp8 e4m3 caches with per-tensor scales (q fp32; the reference fed the same cache), several
+   sequences of different lengths in one launch, 1 and 16 query tokens of one sequence, context 1; each with the
+   default split count and forced ones (one split: stage 0 writes out; several blocks per split; more splits than
+   blocks), and one case rendered with PDL on.
+2. bf16 instances (bf16 and fp8 caches) at the full spec's TP-8 shapes (6 query heads, 1 KV head, head dim 128;
+   sliding window 512 over a ring, full layers over pages of 16) and the tiny spec's compile ahead of time for
+   sm_90a and sm_100a: tensor-core products, shared memory within the limit, PDL facts (launch_dependents first, one
+   wait, no store before it; the fp8 scales loaded before it), no flush-to-zero.
+3. The rendered module keeps the contract of `beamc.codegen.kernel`; the split rule fills an H200 at T = 1.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import multiprocessing
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.ir.reference import attention_ref, kv_store
+from conftest import assert_template_contract, run_interpreted_main
+from test_kernels_attn_router import SMEM_LIMIT, check_pdl_ptx, pdl_facts
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = "attention_decode"
+
+
+# ---------------------------------------------------------------- constants and inputs (shared with tests/gpu, bench)
+def constants(hq: int, hkv: int, d: int, window: int, dtype: str = "bf16", cache: str = "bf16",
+              page: int | None = None, scale: float | None = None, **extra) -> dict:
+    """The template's constants for one attention node (extra: PDL, BLOCK_N, NUM_WARPS, NUM_STAGES, ...)."""
+    return dict(DTYPE=dtype, CACHE_DTYPE=cache, HQ=hq, HKV=hkv, HEAD_DIM=d, WINDOW=window,
+                SCALE=scale if scale is not None else d ** -0.5, PAGED=page is not None, PAGE_SIZE=page or 0, **extra)
+
+
+def spec_constants(spec, tp: int, kind: str, dtype: str = "bf16", cache: str = "bf16", page: int = 16,
+                   **extra) -> dict:
+    """Constants of a spec's sliding (ring) or full (paged) layer at tensor-parallel size tp."""
+    a = spec.attention
+    return constants(a.num_heads // tp, max(a.num_kv_heads // tp, 1), a.head_dim,
+                     spec.effective_window if kind == "sliding" else 0, dtype, cache,
+                     page if kind == "full" else None, **extra)
+
+
+def make_case(c: dict, seqs: list[tuple[int, list[int]]], *, cap: int | None = None, extra_pages: int = 3,
+              min_pages: int = 0, seed: int = 0, device="cpu", scales=(0.02, 0.005)) -> dict:
+    """Inputs of one launch: `seqs` lists (slot, query positions); every slot's positions 0..max are written into
+    its cache (ring rows p % cap, or pages of a shuffled block table of >= min_pages pages per slot) in order, as
+    the step's kv writes leave them; every other cache row is poisoned. fp8 caches hold kv_store(x, e4m3, scale). Returns the launcher's tensors
+    (`args`, in IR order without out) and the reference's inputs."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    hq, hkv, d = c["HQ"], c["HKV"], c["HEAD_DIM"]
+    slot = torch.tensor([s for s, ps in seqs for _ in ps], dtype=torch.int64)
+    pos = torch.tensor([p for _, ps in seqs for p in ps], dtype=torch.int64)
+    S = int(slot.max()) + 1
+    last = {s: int(pos[slot == s].max()) for s in slot.unique().tolist()}
+    fp8 = c["CACHE_DTYPE"] == "f8e4m3"
+    cdt = torch.float8_e4m3fn if fp8 else {"f32": torch.float32, "bf16": torch.bfloat16}[c["CACHE_DTYPE"]]
+    qdt = {"f32": torch.float32, "bf16": torch.bfloat16}[c["DTYPE"]]
+    if c["PAGED"]:
+        page = c["PAGE_SIZE"]
+        mp = max(max(last.values()) // page + 1, min_pages)
+        P = S * mp + extra_pages
+        block_table = torch.randperm(P, generator=g)[: S * mp].view(S, mp).to(torch.int32)
+        shape = (P, page, hkv, d)
+    else:
+        block_table = None
+        shape = (S, cap, hkv, d)
+    kc = torch.empty(shape, dtype=cdt)
+    vc = torch.empty(shape, dtype=cdt)
+    for x in (kc, vc):  # poison: NaN (fp8: the 0x7F byte is NaN in e4m3)
+        x.view(torch.uint8).fill_(0x7F) if fp8 else x.fill_(float("nan"))
+    ks, vs = (torch.tensor(scales[0]), torch.tensor(scales[1])) if fp8 else (None, None)
+    for s, hi in last.items():
+        p = torch.arange(hi + 1)
+        if block_table is None:
+            p = p[max(0, hi + 1 - cap):]  # what the ring still holds (the older rows were overwritten)
+            rows = (torch.full_like(p, s), p % cap)
+        else:
+            rows = (block_table[s, p // c["PAGE_SIZE"]].long(), p % c["PAGE_SIZE"])
+        k = torch.randn(len(p), hkv, d, generator=g)
+        v = torch.randn(len(p), hkv, d, generator=g)
+        kc[rows] = kv_store(k, cdt, ks) if fp8 else k.to(cdt)
+        vc[rows] = kv_store(v, cdt, vs) if fp8 else v.to(cdt)
+    q = (torch.randn(len(pos), hq, d, generator=g) * 2).to(qdt)
+    extras = ([block_table] if block_table is not None else []) + ([ks, vs] if fp8 else [])
+    args = [q, kc, vc, slot, pos, *extras]
+    return dict(args=[a.to(device) for a in args], T=len(pos))
+
+
+def reference(c: dict, case: dict, fp32: bool = False) -> torch.Tensor:
+    """attention_ref on the launch's inputs. fp32: on q.float(), an fp8 cache given as its dequantised fp32 values
+    (kc.float() * k_scale: what the kernel reads; and no fp8 indexing on the device)."""
+    q, kc, vc, slot, pos, *extras = case["args"]
+    if fp32:
+        q = q.float()
+        if c["CACHE_DTYPE"] == "f8e4m3":
+            ks, vs = extras[-2:]
+            kc, vc, extras = kc.float() * ks, vc.float() * vs, extras[:-2]
+    return attention_ref(q, kc, vc, slot, pos, *extras, window=c["WINDOW"] or None, scale=c["SCALE"],
+                         paged=c["PAGED"])
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+# ---------------------------------------------------------------- 1. fp32 instances under the interpreter
+TINY = dict(hq=4, hkv=2, d=16)
+# name: (constants, seqs, ring capacity, forced split counts besides the default)
+CASES = {
+    # sliding window 5 over a ring of 8: slot 0's 4 tokens cross the wrap (rows 6, 7, 0, 1), a short context, context 1
+    "ring-w5": (constants(**TINY, window=5, dtype="f32", cache="f32", BLOCK_N=16),
+                [(0, [14, 15, 16, 17]), (1, [3]), (2, [0]), (3, [9])], 8, (2,)),
+    # window 40 over a ring of 44: 3 blocks of 16, the chunk of 5 crosses the wrap at 88
+    "ring-w40": (constants(**TINY, window=40, dtype="f32", cache="f32", BLOCK_N=16),
+                 [(0, list(range(86, 91))), (1, [20]), (2, [0])], 44, (1, 5)),
+    # full layer over a ring of 64 (NoPE-style, window 0)
+    "ring-full": (constants(**TINY, window=0, dtype="f32", cache="f32", BLOCK_N=16),
+                  [(0, [63]), (1, [30, 31]), (2, [0])], 64, (1, 3)),
+    # full paged, page 4, blocks of 16 (4 pages each), shuffled block table, contexts spanning up to 31 pages
+    "paged-p4": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16),
+                 [(0, [122]), (1, [0]), (2, [37, 38]), (3, [63]), (4, [64])], None, (1, 4)),
+    # full paged, page 32 (pages of 2 blocks), 6 query heads per KV head (the TP-8 group)
+    "paged-p32-g6": (constants(hq=6, hkv=1, d=32, window=0, dtype="f32", cache="f32", page=32, BLOCK_N=16),
+                     [(0, [150]), (1, [31, 32]), (2, [95])], None, (1, 3)),
+    # 16 query tokens of one sequence (speculative verification), paged and sliding ring (cap = window - 1 + 16)
+    "spec16-paged": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16),
+                     [(1, list(range(40, 56)))], None, (1,)),
+    "spec16-ring": (constants(**TINY, window=5, dtype="f32", cache="f32", BLOCK_N=16),
+                    [(0, list(range(30, 46)))], 20, (1,)),
+    # one token, context 1, in a block table of 20 pages (5 splits by default: 4 of them idle)
+    "ctx1-paged": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16),
+                   [(0, [0])], None, (1,)),
+    # fp8 e4m3 caches with per-tensor scales (q fp32)
+    "fp8-paged": (constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4, BLOCK_N=16),
+                  [(0, [120]), (1, [5, 6]), (2, [0])], None, (1, 3)),
+    "fp8-ring": (constants(hq=4, hkv=2, d=32, window=40, dtype="f32", cache="f8e4m3", BLOCK_N=16),
+                 [(0, list(range(95, 99))), (1, [7])], 43, (1,)),
+    # rendered with PDL on: the gdc calls are skipped in the interpreter
+    "paged-p4-pdl": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, PDL=True),
+                     [(0, [70]), (1, [2, 3])], None, ()),
+}
+
+
+def check_case(name: str, directory: Path) -> list[dict]:
+    c, seqs, cap, forced = CASES[name]
+    mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), directory)
+    assert mod._interpreted(), "triton did not pick the interpreter"
+    case = make_case(c, seqs, cap=cap, seed=len(name), min_pages=20 if name.startswith("ctx1") else 0)
+    want = reference(c, case)
+    T = case["T"]
+    out = []
+    for splits in (None, *forced):
+        got = torch.full_like(want, float("nan"))
+        n = mod.scratch_numel(T, splits)
+        scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
+        mod.launch(*case["args"], got, scratch=scratch, splits=splits)
+        assert torch.isnan(scratch[n:]).all(), f"{name} splits={splits}: a write past the scratch"
+        err = float("inf") if got.isnan().any() else rel_err(got, want)
+        out.append(dict(splits=splits, used=splits or mod.num_splits(T, _max_context(mod, case)), err=err))
+    return out
+
+
+def _max_context(mod, case) -> int:
+    kc = case["args"][1]
+    return case["args"][5].shape[1] * mod.PAGE_SIZE if mod.PAGED else kc.shape[1]
+
+
+def _interpreted_main(out: str) -> None:
+    """In a child with TRITON_INTERPRET=1: every case -> {name: {"ok", "runs" | "error"}}."""
+    import traceback
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    directory = Path(out).parent / "kernels"
+    results = {}
+    for name in CASES:
+        try:
+            results[name] = dict(ok=True, runs=check_case(name, directory))
+        except Exception:  # noqa: BLE001 - reported by the test of that case
+            results[name] = dict(ok=False, error=traceback.format_exc())
+    Path(out).write_text(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict:
+    return run_interpreted_main("test_kernels_attention_decode",
+                                tmp_path_factory.mktemp("interpreted_attn") / "results.json")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_fp32_matches_reference(name, interpreted):
+    """fp32 instance vs attention_ref, default and forced split counts (one split: stage 0 alone)."""
+    r = interpreted[name]
+    assert r["ok"], r.get("error")
+    errs = [x["err"] for x in r["runs"]]
+    assert max(errs) < 1e-5, r["runs"]
+
+
+def test_interpreted_cases_cover_the_paths(interpreted):
+    """The default split counts exercise both the one-stage (splits == 1) and the two-stage path."""
+    used = [x["used"] for r in interpreted.values() if r["ok"] for x in r["runs"]]
+    assert 1 in used and max(used) >= 8, used
+
+
+# ---------------------------------------------------------------- 2. AOT compiles (bf16; bf16 and fp8 caches)
+def _variants() -> list[tuple[str, dict]]:
+    from beamc.spec import load_spec
+
+    full, tiny = load_spec(ROOT / "models/beam.yaml"), load_spec(ROOT / "models/beam-tiny.yaml")
+    out = []
+    for tag, spec, tp, page in (("full-tp8", full, 8, 16), ("tiny", tiny, 1, 4)):
+        for kind in ("sliding", "full"):
+            for cache in ("bf16", "f8e4m3"):
+                out.append((f"{tag},{kind},{cache}", spec_constants(spec, tp, kind, "bf16", cache, page)))
+    out.append(("tiny,full,bf16,no-pdl", spec_constants(tiny, 1, "full", "bf16", "bf16", 4, PDL=False)))
+    return out
+
+
+def _compile(args) -> dict:
+    label, c, arch, directory = args
+    os.environ.pop("TRITON_INTERPRET", None)
+    mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), directory)
+    ck = aot_compile(mod, arch)
+    ptx = ck.asm["ptx"]
+    return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
+                target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
+                fp8=c["CACHE_DTYPE"] == "f8e4m3", pdl=mod.PDL, launch_pdl=bool(ck.metadata.launch_pdl),
+                **pdl_facts(ptx))
+
+
+def test_aot_compile_every_variant(tmp_path):
+    """Every variant for sm_90a and sm_100a (2 processes): a cubin, tensor-core products, shared memory within the
+    limit; PDL on: launch_dependents first, one wait, no store before it (fp8: the scales loaded before it)."""
+    jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_compile, jobs))
+    assert len(results) == 18
+    for r in results:
+        assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
+        assert r["mma"], f"{r['label']}: no tensor-core products"
+        assert r["launch_pdl"] == r["pdl"], r
+        check_pdl_ptx(r, r["pdl"], r["label"])
+        if r["pdl"]:
+            assert r["waits"] == 1, r
+            assert (max(r["loads_before_wait"]) > 0) == r["fp8"], r  # only the fp8 scales come before the wait
+
+
+# ---------------------------------------------------------------- 3. contract, split rule
+@pytest.fixture(scope="module")
+def kdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("attn_kernels")
+
+
+@pytest.mark.parametrize("paged,fp8", [(False, False), (True, False), (True, True), (False, True)])
+def test_rendered_module_contract(paged, fp8, kdir):
+    c = constants(6, 1, 128, 0 if paged else 512, "bf16", "f8e4m3" if fp8 else "bf16", 16 if paged else None)
+    mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), kdir)
+    assert mod.__doc__ and "attention" in mod.__doc__ and isinstance(mod.GRID, str)
+    params = list(inspect.signature(mod.launch).parameters)
+    ir = ["q", "kc", "vc", "slot", "pos"] + (["block_table"] if paged else []) + (["k_scale", "v_scale"] if fp8 else [])
+    assert params == ir + ["out", "scratch", "splits"]
+    assert inspect.signature(mod.launch).parameters["scratch"].default is None
+    assert_template_contract(mod)
+    off = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, PDL=False)), kdir)
+    assert off.OPTIONS == dict(mod.OPTIONS, launch_pdl=False) and "gdc_" not in inspect.getsource(off)
+    f32 = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, DTYPE="f32", CACHE_DTYPE="f32")), kdir)
+    assert f32.OPTIONS["launch_pdl"] is False
+
+
+def test_split_rule(kdir):
+    """T = 1 at the TP-8 shapes fills the GPU (>= 2 programs per SM of 132) and gives >= 128 splits at 100K context
+    (full layer); a sliding layer never splits past its window's blocks; the scratch bound covers any context."""
+    full = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 0, page=16)), kdir)
+    slide = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 512)), kdir)
+    s = full.num_splits(1, 131072)
+    assert s >= 2 * 132 - 8 and s <= full.MAX_SPLITS
+    assert slide.num_splits(1, 527) == 512 // slide.BLOCK_N and slide.num_splits(1, 10**6) <= 512 // slide.BLOCK_N
+    for T in (1, 3, 16, 64, 1000):
+        for m in (16, 4096, 10**6):
+            assert full.scratch_numel(T) >= full.scratch_numel(T, full.num_splits(T, m))
+        assert full.num_splits(T, 10**6) * T * full.HKV >= min(full.TARGET_PROGRAMS, T * full.MAX_SPLITS)

@@ -1,0 +1,324 @@
+"""Generated kernel `moe_nvfp4_prefill` (IR op `moe_experts`, format "nvfp4", the large-T path) on CPU.
+
+1. fp32 instances under Triton's interpreter (a subprocess: see `interpreted`) against `REFS["moe_experts"]`
+   (`moe_experts_ref`, fp32 x: the NVFP4 weights dequantised to fp32), ||y - ref|| / ||ref|| < 1e-5, on weights
+   quantised per expert and part (`test_kernels_moe.nvfp4_experts`), odd expert counts (E 5, 7), tiny H / I, T in
+   {1, 7, 40}, top-k 2-3: a token routed to the same expert from two slots, experts with no token, every pair on one
+   expert, odd shapes (H 96, I 48: several N blocks and K steps in both GEMMs), strided x (a row stride that is a
+   multiple of 16, and one that is not: the launcher's copy), ids outside [0, E) (rows of zeros), T = 0. y is
+   poisoned with NaN and the scratch with canaries past scratch_numel(T). Beside y: the sort's invariants (counts,
+   block-aligned starts, every pair once in its expert's rows, the row-block map) and h (stage 3's scratch) against
+   the reference's swiglu rows. One render with PDL on (gdc calls skipped in the interpreter), one with NATIVE_FP4
+   (the interpreter has no e4m3-scaled dot_scaled: the same tile dequantised and tl.dot'ed, the global scale on the
+   sums: what that path computes, indexing and epilogue included). One bf16 instance against the reference's
+   composition rounded the interpreter's way (its bf16 conversion truncates): the rounding points.
+2. bf16 instances compile ahead of time: the full spec's TP-8 shapes (E 256, H 5120, I 320, top-k 8) for sm_90a and
+   sm_100a, the NATIVE_FP4 path (tl.dot_scaled) for sm_100a, the tiny spec's; tensor-core MMAs, K loops pipelined
+   (cp.async), PDL facts (launch_dependents first, one wait with no load or store before it), no flush-to-zero,
+   shared memory within a block's limit.
+3. The rendered module keeps the contract of `beamc.codegen.kernel` (launcher args = the decode template's).
+GPU numerics (bf16 vs an fp32 reference, M up to 16384, skewed routings, CUDA graphs) are
+tests/gpu/test_kernels_moe_prefill_gpu.py's.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.ir.reference import REFS, expert_weights, swiglu_ref
+from beamc.spec import load_spec
+from conftest import assert_template_contract, run_interpreted_main
+from test_kernels_attn_router import check_pdl_ptx, pdl_facts
+from test_kernels_moe import moe_constants, nvfp4_experts
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = "moe_nvfp4_prefill"
+SMEM_LIMIT = 232448  # bytes of shared memory a block may use on sm_90 / sm_100
+
+
+def prefill_constants(E: int, H: int, I: int, k: int, dtype: str = "f32", **extra) -> dict:
+    return dict(DTYPE=dtype, E=E, H=H, I=I, TOP_K=k, **extra)
+
+
+# ---------------------------------------------------------------- routings
+def routing(kind: str, T: int, E: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """[T, k] int64 expert ids:
+    - distinct: k distinct experts per token;
+    - dup: random (repeats allowed), token 0 on expert E // 2 from its first two slots;
+    - sparse: random among a few experts only (the others get no token);
+    - one: every pair on the last expert;
+    - bad: random, with some ids -1 and E (no expert)."""
+    if kind == "distinct":
+        return torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    idx = torch.randint(0, E, (T, k), generator=g)
+    if kind == "dup":
+        idx[0, :2] = E // 2
+    elif kind == "sparse":
+        keep = torch.tensor([0, 2, E - 1])
+        idx = keep[torch.randint(0, len(keep), (T, k), generator=g)]
+    elif kind == "one":
+        idx[:] = E - 1
+    elif kind == "bad":
+        idx[1, 0], idx[T - 1, k - 1], idx[T // 2, 1] = -1, E, E + 7
+    return idx
+
+
+def h_rows_reference(x, idx, params) -> torch.Tensor:
+    """swiglu(gate, up) [T * k, I] of each (token, choice) pair, with the reference's rounding points."""
+    T, k = idx.shape
+    out = []
+    for t in range(T):
+        for j in range(k):
+            w_gu, _ = expert_weights(params, "nvfp4", int(idx[t, j]), x.dtype)
+            gate, up = torch.nn.functional.linear(x[t:t + 1], w_gu).chunk(2, dim=-1)
+            out.append(swiglu_ref(gate, up)[0])
+    return torch.stack(out)
+
+
+def check_sort(mod, views: dict, idx: torch.Tensor) -> None:
+    """The sort's scratch: per-expert counts, block-aligned starts in expert order, each valid pair exactly once in
+    its expert's rows, the row-block map (expert of each block, E past the last; end of its valid rows)."""
+    E, BM = mod.E, mod.BLOCK_M
+    flat = idx.flatten()
+    ok = (flat >= 0) & (flat < E)
+    count = torch.bincount(flat[ok], minlength=E)
+    assert torch.equal(views["count"].long(), count), (views["count"], count)
+    padded = (count + BM - 1) // BM * BM
+    start = torch.cumsum(padded, 0) - padded
+    assert torch.equal(views["start"].long(), start)
+    srt = views["sorted"].long()
+    seen = []
+    for e in range(E):
+        rows = srt[start[e]:start[e] + count[e]]
+        assert torch.equal(rows, torch.nonzero(flat == e).flatten()), e  # stable: the expert's pairs in order
+        seen.append(rows)
+    nblk = int(padded.sum()) // BM
+    be, bend = views["blk_expert"].long(), views["blk_end"].long()
+    for b in range(len(be)):
+        if b < nblk:
+            e = int(torch.searchsorted(start + padded, torch.tensor(b * BM), right=True))
+            assert be[b] == e and bend[b] == start[e] + count[e], (b, be[b], bend[b])
+        else:
+            assert be[b] == E, (b, be[b])
+
+
+# ---------------------------------------------------------------- 1. interpreter cases
+# name: (E, H, I, top-k, T, routing, x row stride pad, extra constants)
+CASES = {
+    "e5-k2-T1": (5, 64, 32, 2, 1, "distinct", 0, {}),
+    "e7-k3-T7-dup": (7, 64, 32, 3, 7, "dup", 32, {}),
+    "e7-k3-T40-sparse": (7, 64, 32, 3, 40, "sparse", 8, {}),
+    "e5-k2-T40-one": (5, 64, 32, 2, 40, "one", 0, {}),
+    "e7-k3-T3-odd-shape": (7, 96, 48, 3, 3, "dup", 0, {}),
+    "e5-k3-T7-bad-ids": (5, 64, 32, 3, 7, "bad", 0, {}),
+    "e7-k2-T40-block32-chunk64": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64)),
+    "e7-k3-T7-pdl": (7, 64, 32, 3, 7, "dup", 0, dict(PDL=True)),
+    "e7-k3-T40-native": (7, 64, 32, 3, 40, "sparse", 0, dict(NATIVE_FP4=True)),
+}
+
+
+def run_case(name: str, kdir: Path) -> dict:
+    E, H, I, k, T, kind, pad, extra = CASES[name]
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", prefill_constants(E, H, I, k, **extra)), kdir)
+    assert mod._interpreted(), "triton did not pick the interpreter"
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    params = nvfp4_experts(E, H, I, g)
+    x = torch.randn(T, H + pad, generator=g)[:, :H]  # strided rows when pad > 0
+    idx = routing(kind, T, E, k, g)
+    y = torch.full((T, k, H), float("nan"))
+    n = mod.scratch_numel(T)
+    scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
+    mod.launch(x, idx, *params, y, scratch)
+    assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
+    assert torch.isfinite(y).all(), "unwritten outputs"
+
+    ok = (idx >= 0) & (idx < E)
+    safe = torch.where(ok, idx, 0)
+    ref = REFS["moe_experts"]([x, safe, *params], {"format": "nvfp4"})[0]
+    ref[~ok] = 0.0  # ids outside [0, E): rows of zeros
+    err = ((y - ref).norm() / ref.norm()).item()
+
+    views = mod.scratch_views(scratch, T)
+    check_sort(mod, views, idx)
+    rows = views["sorted"].long()
+    valid = torch.zeros(len(rows), dtype=torch.bool)
+    for e in range(E):
+        valid[views["start"][e]:views["start"][e] + views["count"][e]] = True
+    h = views["h"][valid]
+    h_ref = h_rows_reference(x, safe, params)[rows[valid]]
+    h_err = ((h - h_ref).norm() / h_ref.norm()).item()
+    assert err < 1e-5 and h_err < 1e-5, (err, h_err)
+    return dict(rel_err=err, h_rel_err=h_err, blocks=int((views["blk_expert"] < E).sum()))
+
+
+def run_bf16_case(kdir: Path) -> dict:
+    """The bf16 variant (small tiles) in the interpreter, against the reference's composition with every rounding
+    to bf16 done the interpreter's way (`test_kernels_moe._interpreter_bf16_rounding`): the rounding points
+    (weights, gate / up, h, y) checked on CPU."""
+    from test_kernels_moe import _interpreter_bf16_rounding
+
+    E, H, I, k, T = 5, 64, 32, 2, 7
+    c = prefill_constants(E, H, I, k, "bf16", BLOCK_M=16, SORT_CHUNK=16, NUM_WARPS=4, PDL=False)
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
+    g = torch.Generator().manual_seed(5)
+    params = nvfp4_experts(E, H, I, g)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    idx = routing("dup", T, E, k, g)
+    y = torch.full((T, k, H), float("nan")).bfloat16()
+    mod.launch(x, idx, *params, y)
+    rnd = _interpreter_bf16_rounding()
+    ref = []
+    for t in range(T):
+        for j in range(k):
+            w_gu, w_dn = (rnd(w) for w in expert_weights(params, "nvfp4", int(idx[t, j]), torch.float32))
+            gate, up = rnd(x[t].float() @ w_gu.T).chunk(2)
+            ref.append(rnd(w_dn @ rnd(gate / (1 + torch.exp(-gate)) * up)))
+    ref = torch.stack(ref).view(T, k, H)
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    mismatch = (y.float() != ref).float().mean().item()  # sums in another order can move a rounding, rarely
+    assert err < 1e-4 and mismatch < 1e-2, (err, mismatch)
+    return dict(rel_err=err, mismatch=mismatch)
+
+
+def _interpreted_main(out: str) -> None:
+    """Run in a subprocess with TRITON_INTERPRET=1: every case -> {name: {ok, ...}}."""
+    import json
+    import traceback
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    kdir = Path(out).parent / "kernels"
+    results = {}
+    for name in CASES:
+        try:
+            results[name] = dict(ok=True, **run_case(name, kdir))
+        except Exception:  # noqa: BLE001 - reported by the test of that case
+            results[name] = dict(ok=False, error=traceback.format_exc())
+    try:
+        results["bf16-rounding"] = dict(ok=True, **run_bf16_case(kdir))
+    except Exception:  # noqa: BLE001
+        results["bf16-rounding"] = dict(ok=False, error=traceback.format_exc())
+    try:  # T = 0: nothing launched, nothing written
+        mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", prefill_constants(5, 64, 32, 2)), kdir)
+        params = nvfp4_experts(5, 64, 32, torch.Generator().manual_seed(0))
+        mod.launch(torch.empty(0, 64), torch.empty(0, 2, dtype=torch.long), *params, torch.empty(0, 2, 64))
+        results["T0"] = dict(ok=mod.scratch_numel(0) >= 0)
+    except Exception:  # noqa: BLE001
+        results["T0"] = dict(ok=False, error=traceback.format_exc())
+    Path(out).write_text(json.dumps(results, indent=1))
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict:
+    return run_interpreted_main("test_kernels_moe_prefill",
+                                tmp_path_factory.mktemp("interpreted_moe_prefill") / "results.json")
+
+
+@pytest.mark.parametrize("case", list(CASES) + ["bf16-rounding", "T0"])
+def test_interpreted_fp32_matches_reference(case, interpreted):
+    r = interpreted[case]
+    assert r["ok"], f"{case}:\n{r.get('error')}"
+
+
+# ---------------------------------------------------------------- 2. ahead-of-time compilation
+def _full() -> dict:
+    """The full spec's MoE shapes at TP 8 (E 256, H 5120, I 2560 / 8 = 320, top-k 8): the moe_experts node's inputs
+    of the TP-8 prefill graph (gate_up [256, 640, 2560] codes, down [256, 5120, 160])."""
+    return moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
+
+
+def _tiny() -> dict:
+    return moe_constants(load_spec(ROOT / "models/beam-tiny.yaml"), 1, "bf16")
+
+
+VARIANTS = {
+    "full-tp8@90": (_full, {}, 90),
+    "full-tp8@100": (_full, {}, 100),
+    "full-tp8-native@100": (_full, dict(NATIVE_FP4=True), 100),
+    "tiny-tp1@90": (_tiny, {}, 90),
+    "tiny-tp1-no-pdl@100": (_tiny, dict(PDL=False), 100),
+}
+
+
+def test_full_shapes_match_spec():
+    c = _full()
+    assert (c["E"], c["H"], c["I"], c["TOP_K"]) == (256, 5120, 320, 8), c
+
+
+@pytest.fixture(scope="module")
+def kdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("moe_prefill_kernels")
+
+
+def _compile(variant: str, directory: str) -> dict:
+    """One AOT compile in a worker process (the interpreter off): what the test asserts about its output."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    constants, extra, arch = VARIANTS[variant]
+    c = dict(constants(), **extra)
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), directory)
+    ck = aot_compile(mod, arch)
+    ptx = ck.asm["ptx"]
+    return dict(arch=arch, native=bool(c.get("NATIVE_FP4")), pdl=mod.PDL, options=dict(mod.OPTIONS),
+                num_warps=mod.NUM_WARPS, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
+                launch_pdl=bool(ck.metadata.launch_pdl), target=f".target sm_{arch}a" in ptx,
+                wgmma="wgmma.mma_async" in ptx, tcgen05="tcgen05.mma" in ptx,
+                cp_async=bool(re.search(r"cp\.async\.(ca|cg)", ptx)), e2m1_cvt="cvt.rn.bf16x2.e2m1x2" in ptx,
+                div_rn="div.rn.f32" in ptx, div_approx="div.full" in ptx or "div.approx" in ptx,
+                tiles=(mod.BLOCK_M, mod.H % mod.BLOCK_K, mod.I % mod.BLOCK_K2), **pdl_facts(ptx))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled(tmp_path_factory):
+    """Every variant's AOT compile, started when the module starts (2 worker processes, beside the interpreter's
+    subprocess): {variant: future of its `_compile` facts}."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    d = str(tmp_path_factory.mktemp("moe_prefill_aot"))
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield {v: pool.submit(_compile, v, d) for v in VARIANTS}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_bf16_aot_compiles(variant, compiled):
+    """The bf16 render compiles for its target with the launcher's OPTIONS: tensor-core MMAs (wgmma / tcgen05), the
+    K loops pipelined (cp.async), PDL facts, IEEE division in silu, no flush-to-zero; the native path converts e2m1
+    on the dot_scaled path."""
+    r = compiled[variant].result()
+    assert r["target"] and r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
+    assert r["options"] == dict(num_warps=r["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
+                                launch_pdl=r["pdl"]) and r["launch_pdl"] == r["pdl"], r
+    check_pdl_ptx(r, r["pdl"], variant)
+    if r["pdl"]:
+        assert r["waits"] == 1 and r["loads_before_wait"] == [0], r
+    assert r["wgmma"] if r["arch"] == 90 else r["tcgen05"], r  # the GEMMs on tensor cores
+    assert r["cp_async"], r  # the K loops' loads pipelined
+    assert r["div_rn"] and not r["div_approx"], r  # silu's IEEE division
+    if r["native"]:
+        assert r["e2m1_cvt"], r  # e2m1 converted on the dot_scaled path
+    if variant.startswith("full"):
+        assert r["tiles"] == (128, 0, 0), r
+
+
+# ---------------------------------------------------------------- 3. the contract
+def test_rendered_module_contract(kdir):
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", _tiny()), kdir)
+    assert mod.__doc__ and "moe_experts" in mod.__doc__ and isinstance(mod.GRID, str)
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", _tiny()), kdir)
+    assert list(inspect.signature(mod.launch).parameters) == list(inspect.signature(decode.launch).parameters)
+    assert inspect.signature(mod.launch).parameters["scratch"].default is None
+    assert_template_contract(mod)
+    assert mod.NATIVE_FP4 is False and mod.MIN_T == 65
+    off = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_tiny(), PDL=False)), kdir)
+    assert off.OPTIONS == dict(mod.OPTIONS, launch_pdl=False) and "gdc_" not in inspect.getsource(off)
+    # scratch: h [NB * BLOCK_M, I] then the sort's int32 arrays; NB = cdiv(T k, BLOCK_M) + min(E, T k)
+    full = load_kernel(KernelSpec(TEMPLATE, "moe_experts", _full()), kdir)
+    s = full.sizes(16384)
+    assert s["NB"] == 16384 * 8 // 128 + 256 and s["NCH"] == 16384 * 8 // full.SORT_CHUNK
+    assert full.scratch_numel(16384) * 2 == s["ROWS"] * 320 * 2 + s["META"] * 4
+    assert full.grids(16384)[3] == (s["NB"] * 5,) and full.grids(16384)[4] == (s["NB"] * 5120 // full.BLOCK_N2,)
