@@ -371,7 +371,8 @@ def _compile(args) -> dict:
     return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 mma=bool(re.search(r"\bw?mma", ptx)), fp8_cvt="cvt.rn.satfinite.e4m3x2.f32" in ptx,
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
-                router=template == "moe_router", pdl=constants.get("PDL", True), options=dict(mod.OPTIONS),
+                router=template == "moe_router", router_path=constants.get("PATH"),
+                tf32_split=ptx.count("cvt.rna.tf32.f32"), pdl=constants.get("PDL", True), options=dict(mod.OPTIONS),
                 launch_pdl=bool(ck.metadata.launch_pdl), **pdl_facts(ptx))
 
 
@@ -385,7 +386,10 @@ def test_aot_compile_every_variant(tmp_path):
         results = list(pool.map(_compile, jobs))
     for r in results:
         assert r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
-        assert not (r["router"] and r["mma"]), f"{r['label']}: fp32 router on tensor cores (TF32?)"
+        if r["router"] and r["router_path"] == "small":
+            assert not r["mma"], f"{r['label']}: small-M fp32 router on tensor cores (TF32?)"
+        if r["router"] and r["router_path"] == "large":  # 3xTF32: tensor cores, each operand split hi + lo
+            assert r["mma"] and r["tf32_split"] >= 2, r
         assert r["fp8_cvt"] == r["fp8"], r
         assert r["div_rn"] or not (r["router"] or r["fp8"]), r  # IEEE division: sigmoid, / scale
         want = dict(num_warps=r["options"]["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,

@@ -1,16 +1,25 @@
-"""Generated kernel `moe_nvfp4_decode` (IR op `moe_experts`, format "nvfp4") on CPU.
+"""Generated kernel `moe_nvfp4_decode` (IR op `moe_experts`, format "nvfp4", the decode path) on CPU.
 
-fp32 instances run under Triton's interpreter against `REFS["moe_experts"]` (fp32 x: the NVFP4 weights dequantised
-to fp32, no bf16 rounding) at the tiny spec's shapes (E 16, H 256, top-k 4; I 64 at TP 1, 32 at TP 2; T in {1, 3}),
-on weights quantised with `beamc.checkpoint.nvfp4.quantize` from random bf16 weights per expert and part, stacked
-as the loader stacks them; y poisoned with NaN, the scratch with canaries past scratch_numel(T); one case rendered
-with PDL on (the gdc calls are skipped in the interpreter); one bf16 case against the reference's composition with
-each bf16 rounding done as the interpreter converts (toward zero in Triton 3.9; a GPU rounds to nearest even).
-The bf16 variants are compiled ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes and the tiny
-spec's (PDL on by default; the tiny spec's also without): griddepcontrol.launch_dependents first and one wait with
-no load or store before it exactly when PDL is on, no flush-to-zero arithmetic; and one decode token gives
->= 2 x 132 programs in each stage at TP 8.
-GPU numerics (bf16, relative error) are tests/gpu/test_kernels_moe_gpu.py's.
+1. fp32 instances under Triton's interpreter (a subprocess: see `interpreted`) against `REFS["moe_experts"]` (fp32 x:
+   the NVFP4 weights dequantised to fp32, no bf16 rounding), max |y - ref| / max |ref| < 1e-5, and h (stage 0's
+   scratch) against the reference's swiglu rows, both weight layouts (ModelOpt's and `relayout`'s): the tiny spec's
+   shapes (E 16, H 256, top-k 4; I 64 at TP 1, 32 at TP 2), T in {1, 3, 8}, and odd ones (E 5 and 7, H 384, I 96:
+   several K steps, several row blocks); weights quantised with `beamc.checkpoint.nvfp4.quantize` from random bf16
+   weights per expert and part, stacked as the loader stacks them; routings with experts chosen by several tokens, a
+   token routed to the same expert from two slots, every pair on one expert, ids outside [0, E) (zero rows, nothing
+   read); the pair grouping at small IDX_CHUNK / MP_MAX (several idx chunks, several passes over an expert's pairs);
+   strided x; y poisoned with NaN, the scratch with canaries past scratch_numel(T); one render with PDL on (the gdc
+   calls are skipped in the interpreter); one bf16 instance against the reference's composition with exact weights
+   and each bf16 rounding done as the interpreter converts (toward zero in Triton 3.9; a GPU rounds to nearest even).
+2. The GPU-only decode (inline PTX, not run by the interpreter) emulated instruction by instruction in torch for
+   both layouts, every nibble and scale value: the same weights as `nvfp4.dequantize` x 2^-7, at the positions the
+   kernel's K permutation gives them; `relayout` is pure and keeps every weight.
+3. The bf16 variants compile ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes (both layouts, MP 1
+   and 8) and the tiny spec's (PDL on by default; the tiny spec's also without): griddepcontrol.launch_dependents
+   first and one wait with no load or store before it exactly when PDL is on, no flush-to-zero arithmetic; tensor
+   cores (mma m16n8k16), 16-byte cp.async copies, the decode PTX, no local memory (spills); one decode token gives
+   >= 2 x 132 programs in each stage at TP 8.
+GPU numerics (bf16, relative error, T up to 64, CUDA graphs) are tests/gpu/test_kernels_moe_gpu.py's.
 
 Why a subprocess: see tests/test_kernels_attn_router.py (the interpreter is picked when triton is imported; this
 process never imports triton).
@@ -20,6 +29,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
+import subprocess
 import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -71,15 +82,29 @@ def distinct_idx(T: int, E: int, k: int, g: torch.Generator) -> torch.Tensor:
 
 
 def h_reference(x, idx, params) -> torch.Tensor:
-    """swiglu(gate, up) [T, k, I] per (token, choice), with the reference's rounding points (what stage 0 stores)."""
+    """swiglu(gate, up) [T, k, I] per (token, choice), with the reference's rounding points (what stage 0 stores);
+    rows of ids outside [0, E) are zero (the kernel's)."""
     T, k = idx.shape
+    E, I2 = params[0].shape[:2]
     out = []
     for t in range(T):
         for j in range(k):
-            w_gu, _ = expert_weights(params, "nvfp4", int(idx[t, j]), x.dtype)
+            e = int(idx[t, j])
+            if not 0 <= e < E:
+                out.append(torch.zeros(I2 // 2, dtype=x.dtype, device=x.device))
+                continue
+            w_gu, _ = expert_weights(params, "nvfp4", e, x.dtype)
             gate, up = torch.nn.functional.linear(x[t:t + 1], w_gu).chunk(2, dim=-1)
             out.append(swiglu_ref(gate, up)[0])
     return torch.stack(out).view(T, k, -1)
+
+
+def y_reference(x, idx, params) -> torch.Tensor:
+    """REFS["moe_experts"], with the rows of ids outside [0, E) zero (the reference has no such ids)."""
+    E = params[0].shape[0]
+    ok = (idx >= 0) & (idx < E)
+    y = REFS["moe_experts"]([x, torch.where(ok, idx, 0), *params], {"format": "nvfp4"})[0]
+    return torch.where(ok[..., None], y, torch.zeros_like(y))
 
 
 def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -106,35 +131,212 @@ def test_stacked_weights_dequantise_per_part():
         assert torch.equal(w_dn, nvfp4.dequantize(params[3][e], params[4][e], params[5][e, 0]))
 
 
+# ---------------------------------------------------------------- the GPU decode, emulated
+def _bf16_bits_to_float(b: torch.Tensor) -> torch.Tensor:
+    return (b.to(torch.int32) << 16).view(torch.float32)
+
+
+def _float_to_bf16_bits(f: torch.Tensor) -> torch.Tensor:
+    return f.bfloat16().view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def emulate_ptx(asm: str, ins: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Run the decode PTX (its few instructions: mov.b32 pack / unpack, shl, shr, and, or, shf.l.wrap,
+    mul.rn.bf16x2) on int64 tensors holding 32-bit (b32) or 16-bit (h) register values; ins: "$8", "$9"."""
+    regs = dict(ins)
+    m32 = (1 << 32) - 1
+
+    def val(tok):
+        tok = tok.strip()
+        return regs[tok] if tok in regs else torch.tensor(int(tok, 0), dtype=torch.int64)
+
+    body = asm.strip()
+    assert body[0] == "{" and body[-1] == "}"
+    for stmt in body[1:-1].split(";"):
+        s = stmt.strip()
+        if not s or s.startswith(".reg"):
+            continue
+        op, args = s.split(None, 1)
+        if op == "mov.b32" and args.strip().startswith("{"):  # mov.b32 {a, b}, r: unpack
+            lo, hi, src = re.match(r"\{\s*([$\w]+)\s*,\s*([$\w]+)\s*\}\s*,\s*([$\w]+)", args.strip()).groups()
+            regs[lo], regs[hi] = val(src) & 0xFFFF, (val(src) >> 16) & 0xFFFF
+            continue
+        if op == "mov.b32":  # mov.b32 r, {a, b}: pack
+            dst, lo, hi = re.match(r"([$\w]+)\s*,\s*\{\s*([$\w]+)\s*,\s*([$\w]+)\s*\}", args.strip()).groups()
+            regs[dst] = (val(lo) & 0xFFFF) | ((val(hi) & 0xFFFF) << 16)
+            continue
+        a = [t.strip() for t in args.split(",")]
+        d = a[0]
+        if op == "shl.b32":
+            regs[d] = (val(a[1]) << int(a[2])) & m32
+        elif op == "shr.b32":
+            regs[d] = (val(a[1]) & m32) >> int(a[2])
+        elif op == "and.b32":
+            regs[d] = val(a[1]) & val(a[2])
+        elif op == "or.b32":
+            regs[d] = val(a[1]) | val(a[2])
+        elif op == "shf.l.wrap.b32":  # d = high 32 bits of {b, a} << (c & 31)
+            c = int(a[3]) & 31
+            regs[d] = (((val(a[2]) << c) | ((val(a[1]) & m32) >> (32 - c))) & m32) if c else val(a[2])
+        elif op == "mul.rn.bf16x2":
+            x, y = val(a[1]), val(a[2])
+            halves = [_float_to_bf16_bits(_bf16_bits_to_float((x >> sh) & 0xFFFF)
+                                          * _bf16_bits_to_float((y >> sh) & 0xFFFF)) for sh in (0, 16)]
+            regs[d] = halves[0] | (halves[1] << 16)
+        else:
+            raise AssertionError(f"unknown PTX op {op}")
+    return regs
+
+
+def _decode_case(mod, relaid: bool, bk: int, g: torch.Generator):
+    """One row of BK values covering every code and many scales: the PTX's 8 outputs per word against
+    nvfp4.dequantize x 2^-7 at the kernel's logical k (32 G + 8 c + 2 q + h) for that word."""
+    nb = bk // 16
+    codes = torch.randint(0, 256, (1, 1, bk // 2), generator=g, dtype=torch.uint8)
+    codes[0, 0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) + torch.arange(8, dtype=torch.uint8)  # all 16 codes
+    scale = torch.rand(1, 1, nb, generator=g).mul(448).to(torch.float8_e4m3fn)
+    scale[0, 0, 0] = 2.0 ** -9  # the smallest subnormal e4m3
+    scale[0, 0, 1] = 448.0
+    ref = nvfp4.dequantize(codes[0], scale[0], 2.0 ** -7)[0]  # [BK] natural order, exact in fp32
+    ng = bk // 32
+    if relaid:
+        words = mod._relayout_codes(codes, scale, bk)[0, 0].to(torch.int64) & 0xFFFFFFFF
+        sbyte = mod._relayout_scales(scale, bk)[0, 0].to(torch.int64)
+        asm = mod._DECODE_RELAID.value
+    else:
+        words = codes[0, 0].view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        asm = mod._DECODE_RAW.value
+    for s in range(bk // 8):
+        c, G = divmod(s, ng)
+        if relaid:
+            s2 = sbyte[(c // 2) * ng + G] * 16 + 0x7680  # the kernel: byte * 16 + 0x7680
+        else:
+            s2 = _float_to_bf16_bits(scale[0, 0, s // 2].float() * 2.0 ** 119)
+        out = emulate_ptx(asm, {"$8": words[s], "$9": s2})
+        for q in range(4):
+            for h in range(2):
+                got = _bf16_bits_to_float(out[f"${2 * q + h}"])
+                k = (32 * G + 8 * c + 2 * q + h) if relaid else (8 * s + q + 4 * h)
+                assert got.item() == ref[k].item(), (relaid, s, q, h, got.item(), ref[k].item())
+
+
+def check_ptx(relaid: bool, tiny, kdir) -> dict:
+    """The inline PTX the GPU runs (the interpreter runs the same bit operations written in Triton) yields
+    E2M1 x scale x 2^-7 exactly, for every code, subnormal and largest scales, at the logical k the kernel's x
+    permutation assumes, for both chunk sizes of the TP-8 shapes and the smallest one."""
+    g = torch.Generator().manual_seed(1)
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", moe_constants(load_spec(ROOT / "models/beam.yaml"), 8)), kdir)
+    assert (mod.BK0, mod.BK1) == (256, 64)
+    for bk in (mod.BK0, mod.BK1, 32):
+        _decode_case(mod, relaid, bk, g)
+    return {}
+
+
+def check_relayout(tiny, kdir) -> dict:
+    """relayout: new tensors (inputs untouched), the documented dtypes and shapes, and, read back through its
+    definition (MAG / SGN bit positions, the word and scale order, the scale byte), every weight of the original;
+    blocks with a zero or a negative scale included."""
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", moe_constants(tiny, 2)), kdir)
+    g = torch.Generator().manual_seed(2)
+    E, H, I = mod.E, mod.H, mod.I
+    params = nvfp4_experts(E, H, I, g)
+    params[1][0, 0, 0] = 0.0  # a zero-scale block with nonzero codes: values 0
+    params[4][1, 2, 1] = -params[4][1, 2, 1].float()  # a negative scale
+    before = [p.clone() for p in params]
+    out = mod.relayout(params)
+    assert all(torch.equal(a, b) for a, b in zip(params, before))
+    assert [t.dtype for t in out] == [torch.int32, torch.uint8, torch.float32, torch.int32, torch.uint8, torch.float32]
+    assert [tuple(t.shape) for t in out] == [(E, 2 * I, H // 8), (E, 2 * I, H // 16), (E, 2), (E, H, I // 8),
+                                             (E, H, I // 16), (E, 1)]
+    for codes, scale, words, enc, bk in ((params[0], params[1], out[0], out[1], mod.BK0),
+                                         (params[3], params[4], out[3], out[4], mod.BK1)):
+        n, k = codes.shape[1], codes.shape[2] * 2
+        ng = bk // 32
+        w = words.to(torch.int64) & 0xFFFFFFFF
+        val = torch.zeros(E, n, k)
+        for s in range(bk // 8):
+            c, G = divmod(s, ng)
+            for q in range(4):
+                for h in range(2):
+                    mag = (w[..., s::bk // 8] >> mod.MAG[q][h]) & 7
+                    sg = (w[..., s::bk // 8] >> mod.SGN[q][h]) & 1
+                    kk = torch.arange(k // bk) * bk + 32 * G + 8 * c + 2 * q + h
+                    val[..., kk] = nvfp4.E2M1_TABLE[(mag | (sg << 3)).long()]
+        sb = enc.to(torch.int32).view(E, n, k // bk, 2, ng).permute(0, 1, 2, 4, 3).reshape(E, n, k // 16)
+        sv = ((sb * 16 + 0x7680) << 16).view(torch.float32) * 2.0 ** -119
+        got = (val.view(E, n, k // 16, 16) * sv[..., None]).view(E, n, k)
+        assert torch.equal(got, nvfp4.dequantize(codes, scale, 1.0))
+    return {}
+
+
+@pytest.mark.parametrize("case", ["ptx[raw]", "ptx[relaid]", "relayout"])
+def test_gpu_decode_and_relayout(case, interpreted):
+    """The GPU-only decode PTX, emulated (check_ptx), and relayout (check_relayout): run in the interpreter child,
+    where the rendered module can be imported."""
+    _check(interpreted, case)
+
+
 # ---------------------------------------------------------------- interpreter cases
-MOE_CASES = [(tp, T) for tp in (1, 2) for T in (1, 3)]
-MOE_PDL_CASES = [(2, 3)]
+# (label, constants over the tiny spec's at tp, T, relaid, routing)
+def _odd(E: int, H: int, I: int, k: int) -> dict:
+    return dict(DTYPE="f32", E=E, H=H, I=I, TOP_K=k)
 
 
-def check_moe(tp: int, T: int, tiny, kdir, pdl: bool = False) -> dict:
+MOE_CASES = {
+    "tp1-T1-raw": (1, None, 1, False, "distinct"),
+    "tp2-T1-relaid": (2, None, 1, True, "distinct"),
+    "tp1-T3-relaid": (1, None, 3, True, "shared"),
+    "tp2-T3-raw": (2, None, 3, False, "shared"),
+    "tp2-T8-relaid-chunks": (2, dict(IDX_CHUNK=8, MP_MAX=2), 8, True, "shared"),
+    "E5-T3-relaid-bad-ids": (1, _odd(5, 384, 96, 3), 3, True, "bad"),
+    "E7-T8-raw-one-expert": (1, _odd(7, 128, 32, 2), 8, False, "one"),
+}
+MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
+
+
+def _idx(kind: str, T: int, E: int, k: int, g: torch.Generator) -> torch.Tensor:
+    idx = distinct_idx(T, E, k, g)
+    if kind == "shared":  # experts chosen by several tokens, a token routed to one expert from two slots
+        idx[:, 0] = 3
+        idx[0, 1] = 3
+        if T > 1:
+            idx[1, -1] = idx[0, -1]
+    elif kind == "bad":  # ids outside [0, E): rows of zeros, nothing read
+        idx[0, 1] = -1
+        idx[T - 1, 0] = E
+        idx[1, 2] = idx[0, 0]
+    elif kind == "one":  # every pair on expert 2 (more pairs than MP)
+        idx[:] = 2
+    return idx
+
+
+def check_moe(label: str, tiny, kdir, pdl: bool = False) -> dict:
+    tp, extra, T, relaid, kind = MOE_CASES[label]
     c = moe_constants(tiny, tp, "f32")
+    if extra:
+        c.update(extra)
     if pdl:
         c["PDL"] = True
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
     assert mod._interpreted(), "triton did not pick the interpreter"
     E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
-    g = torch.Generator().manual_seed(10 * tp + T)
+    g = torch.Generator().manual_seed(len(label) + T)
     params = nvfp4_experts(E, H, I, g)
-    wide = torch.randn(T, H + 32, generator=g)
-    x = wide[:, :H] if T > 1 else wide[:, :H].contiguous()  # strided rows too
-    idx = distinct_idx(T, E, k, g)
+    wide = torch.randn(T, H + (3 if kind == "bad" else 32), generator=g)
+    x = wide[:, :H] if T > 1 else wide[:, :H].contiguous()  # strided rows too (a stride % 8: the launcher's copy)
+    idx = _idx(kind, T, E, k, g)
     y = torch.full((T, k, H), float("nan"))
     n = mod.scratch_numel(T)
     scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
-    mod.launch(x, idx, *params, y, scratch)
+    mod.launch(x, idx, *(mod.relayout(params) if relaid else params), y, scratch)
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
     assert torch.isfinite(y).all()
-
     h_err = rel_max(scratch[:n].view(T, k, I), h_reference(x, idx, params))
-    y_ref = REFS["moe_experts"]([x, idx, *params], {"format": "nvfp4"})[0]
-    err = rel_max(y, y_ref)
+    err = rel_max(y, y_reference(x, idx, params))
     assert h_err < 1e-5 and err < 1e-5, (h_err, err)
-    return dict(rel_err=err, h_rel_err=h_err)
+    bad = (idx < 0) | (idx >= E)
+    assert not bad.any() or (y[bad] == 0).all()
+    return dict(rel_err=err, h_rel_err=h_err, mp=mod.constexprs(T, relaid)["MP"])
 
 
 def _interpreter_bf16_rounding():
@@ -156,8 +358,9 @@ def _interpreter_bf16_rounding():
 
 
 def check_moe_bf16(tp: int, T: int, tiny, kdir) -> dict:
-    """The bf16 variant in the interpreter, against the reference's composition with every rounding to bf16 done
-    the interpreter's way: checks the rounding points (weights, gate / up, h, y) on CPU."""
+    """The bf16 variant (re-laid-out weights) in the interpreter, against the reference's composition with exact
+    weights (the kernel dequantises E2M1 x scale exactly and applies the global scale to the fp32 sums) and every
+    rounding to bf16 done the interpreter's way (gate / up, h, y): checks the rounding points on CPU."""
     c = moe_constants(tiny, tp, "bf16")
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
     E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
@@ -166,12 +369,12 @@ def check_moe_bf16(tp: int, T: int, tiny, kdir) -> dict:
     x = torch.randn(T, H, generator=g).bfloat16()
     idx = distinct_idx(T, E, k, g)
     y = torch.full((T, k, H), float("nan")).bfloat16()
-    mod.launch(x, idx, *params, y)
+    mod.launch(x, idx, *mod.relayout(params), y)
     rnd = _interpreter_bf16_rounding()
     ref = []
     for t in range(T):
         for j in range(k):
-            w_gu, w_dn = (rnd(w) for w in expert_weights(params, "nvfp4", int(idx[t, j]), torch.float32))
+            w_gu, w_dn = expert_weights(params, "nvfp4", int(idx[t, j]), torch.float32)
             gate, up = rnd(x[t].float() @ w_gu.T).chunk(2)
             ref.append(rnd(w_dn @ rnd(gate / (1 + torch.exp(-gate)) * up)))
     ref = torch.stack(ref).view(T, k, H)
@@ -195,15 +398,15 @@ def interpreted(tmp_path_factory) -> dict:
     return run_interpreted([__file__, str(d / "results.json"), str(d)], d / "results.json")
 
 
-@pytest.mark.parametrize("tp,T", MOE_CASES)
-def test_moe_nvfp4_decode_matches_reference(tp, T, interpreted):
-    _check(interpreted, f"moe[tp{tp}-T{T}]")
+@pytest.mark.parametrize("case", list(MOE_CASES))
+def test_moe_nvfp4_decode_matches_reference(case, interpreted):
+    _check(interpreted, f"moe[{case}]")
 
 
-@pytest.mark.parametrize("tp,T", MOE_PDL_CASES)
-def test_moe_nvfp4_decode_pdl_render_interpreted(tp, T, interpreted):
+@pytest.mark.parametrize("case", MOE_PDL_CASES)
+def test_moe_nvfp4_decode_pdl_render_interpreted(case, interpreted):
     """A PDL render (gdc calls in the kernel, launch_pdl in OPTIONS) runs in the interpreter and still matches."""
-    _check(interpreted, f"moe[tp{tp}-T{T}+pdl]")
+    _check(interpreted, f"moe[{case}]")
 
 
 def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
@@ -212,39 +415,65 @@ def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
 
 
 # ---------------------------------------------------------------- ahead-of-time compilation
-def _variants() -> list[tuple[str, dict]]:
-    """bf16 at the full spec's TP-8 shapes and the tiny spec's (TP 1, 2) as rendered by default (PDL on), and the
-    tiny spec's TP 1 again with PDL off."""
+def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
+    """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
+    shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
+    default (PDL on), and the tiny spec's TP 1 again with PDL off."""
     full, tiny = load_spec(ROOT / "models/beam.yaml"), tiny_spec_()
-    out = [("full-tp8", moe_constants(full, 8)), ("tiny-tp1", moe_constants(tiny, 1)),
-           ("tiny-tp2", moe_constants(tiny, 2)), ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False))]
-    return out
+    return [("full-tp8", moe_constants(full, 8), (1, True)), ("full-tp8,raw", moe_constants(full, 8), (1, False)),
+            ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
+            ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
+            ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True))]
+
+
+def _local_bytes(cubin: bytes) -> int | None:
+    """Local memory (spill) bytes of the kernel, from cuobjdump's resource usage (None when it is not there)."""
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"LOCAL:(\d+)", out)
+    return int(m.group(1)) if m else None
 
 
 def _compile(args) -> dict:
     """One AOT compile in a worker process (the interpreter off); what the test asserts about its output."""
-    label, constants, arch, directory = args
+    label, constants, (T, relaid), arch, directory = args
     os.environ.pop("TRITON_INTERPRET", None)
     sys.path.insert(0, str(ROOT / "tests"))
     from test_kernels_attn_router import pdl_facts
 
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", constants), directory)
+    mod.CONSTEXPRS = dict(mod.constexprs(T, relaid), INTERPRET=False)  # what the launcher launches with
     ck = aot_compile(mod, arch)
     ptx = ck.asm["ptx"]
     programs = [1 * mod.TOP_K * -(-mod.I // mod.BLOCK_I), 1 * mod.TOP_K * -(-mod.H // mod.BLOCK_N)]  # T = 1
     return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 pdl=constants.get("PDL", True), options=dict(mod.OPTIONS), launch_pdl=bool(ck.metadata.launch_pdl),
-                programs=programs, full=label.startswith("full"), **pdl_facts(ptx))
+                programs=programs, full=label.startswith("full"), local=_local_bytes(ck.asm["cubin"]),
+                mma=len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
+                cp16=len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx)),
+                relaid=relaid, shf=ptx.count("shf.l.wrap.b32"), bf16x2=ptx.count("mul.rn.bf16x2"),
+                **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
     """Every variant for sm_90a and sm_100a (2 processes), with the launcher's OPTIONS. PDL: launch_dependents
     first, then one wait before any global load or store (the expert to read is only known from idx); none of it
-    without PDL. At TP 8, one decode token fills >= 2 programs per SM in each stage."""
+    without PDL. Tensor-core MMAs, the decode PTX (4 bf16x2 multiplies per word; rotates for re-laid-out words), no
+    local memory. At TP 8, 16-byte cp.async copies (the K loops' pipeline) and one decode token fills >= 2
+    programs per SM in each stage."""
     sys.path.insert(0, str(ROOT / "tests"))
     from test_kernels_attn_router import check_pdl_ptx
 
-    jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
+    jobs = [(label, c, tr, arch, str(tmp_path / f"sm{arch}")) for label, c, tr in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
     for r in results:
@@ -255,17 +484,24 @@ def test_aot_compile_every_variant(tmp_path):
         check_pdl_ptx(r, r["pdl"], r["label"])
         if r["pdl"]:
             assert r["waits"] == 1 and r["loads_before_wait"] == [0], r
-        if r["full"]:
-            assert min(r["programs"]) >= 2 * SMS, r
-    assert len(results) == 2 * len(_variants()) == 8
-    assert sum(r["pdl"] for r in results) == 6
+        # 4 bf16x2 multiplies per decoded word; the re-laid-out words' rotates (shf.l.wrap) only there
+        assert r["mma"] >= 2 and r["bf16x2"] >= 8 and r["bf16x2"] % 4 == 0, r
+        assert (r["shf"] >= r["bf16x2"]) if r["relaid"] else r["shf"] == 0, r
+        assert r["local"] in (0, None), r
+        if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
+            assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
+    assert len(results) == 2 * len(_variants()) == 14
+    assert sum(r["pdl"] for r in results) == 12
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR
 def _interpreter_cases():
-    yield from ((f"moe[tp{tp}-T{T}]", check_moe, (tp, T)) for tp, T in MOE_CASES)
-    yield from ((f"moe[tp{tp}-T{T}+pdl]", lambda *a: check_moe(*a, pdl=True), (tp, T)) for tp, T in MOE_PDL_CASES)
+    yield from ((f"moe[{case}]", lambda *a, case=case: check_moe(case, *a), ()) for case in MOE_CASES)
+    yield "moe[tp1-T3-relaid+pdl]", lambda *a: check_moe("tp1-T3-relaid", *a, pdl=True), ()
     yield "moe[tp2-T3-bf16]", check_moe_bf16, (2, 3)
+    yield "ptx[raw]", check_ptx, (False,)
+    yield "ptx[relaid]", check_ptx, (True,)
+    yield "relayout", check_relayout, ()
 
 
 if __name__ == "__main__":

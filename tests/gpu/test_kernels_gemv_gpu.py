@@ -2,9 +2,11 @@
 (`beamc.ir.reference.REFS[op]`, cuBLAS) on the same inputs.
 
 The partial sums are added in another order than cuBLAS's, so results are compared by relative error
-(||out - ref|| / ||ref|| < 1e-2, the value printed per case), T in {1, 4, 16}, outputs poisoned with NaN. Plus: a
-CUDA graph captured with a fixed scratch replays to the same bits as an eager launch, on fresh inputs copied into
-the captured buffers.
+(||out - ref|| / ||ref|| < 1e-2, the value printed per case), outputs poisoned with NaN, T in {1, 2, 4, 8, 16, 32, 64}:
+T = 1 runs the CUDA-core path, T >= 2 the tensor-core path (token blocks 16, 32, 64); the caller's scratch is
+poisoned too, with canaries past scratch_numel(T) that must stay NaN. Plus: a CUDA graph captured with a fixed
+scratch replays to the same bits as an eager launch, on fresh inputs copied into the captured buffers (T = 1 and 4:
+both paths).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from test_kernels_gemv import TP8, kernel_spec, make_inputs
 
 pytestmark = pytest.mark.gpu
 
-T_VALUES = (1, 4, 16)
+T_VALUES = (1, 2, 4, 8, 16, 32, 64)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,11 @@ def test_bf16_matches_reference(name, T, kdir):
     gen = torch.Generator().manual_seed(3 + T)
     ins, outs = make_inputs(epi, K, N, T, torch.bfloat16, device="cuda", gen=gen, attrs=attrs)
     got = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in outs]
-    mod.launch(*ins, *got)
+    n = mod.scratch_numel(T)
+    scratch = torch.full((n + 256,), float("nan"), device="cuda")
+    mod.launch(*ins, *got, scratch=scratch)
     torch.cuda.synchronize()
+    assert scratch[n:].isnan().all(), f"{name} T={T}: a write past scratch_numel(T)"
     want = REFS[ks.op](ins, attrs)
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
@@ -49,13 +54,13 @@ def test_bf16_matches_reference(name, T, kdir):
         assert err < 1e-2, (name, T, i, err)
 
 
+@pytest.mark.parametrize("T", [1, 4])
 @pytest.mark.parametrize("name", ["qkvg", "gate_up", "lm_head"])
-def test_cuda_graph_with_fixed_scratch(name, kdir):
+def test_cuda_graph_with_fixed_scratch(name, T, kdir):
     """Capture launch(..., scratch=fixed) in a CUDA graph; replay on new inputs == eager launch, bit for bit."""
     epi, K, N, splits = TP8[name]
     ks, attrs = kernel_spec(epi, K, N, "bf16", splits=splits)
     mod = load_kernel(ks, kdir)
-    T = 4
     gen = torch.Generator().manual_seed(17)
     ins, outs = make_inputs(epi, K, N, T, torch.bfloat16, device="cuda", gen=gen, attrs=attrs)
     got = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in outs]
