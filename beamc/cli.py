@@ -46,6 +46,12 @@ def _cmd_logits(args: argparse.Namespace) -> None:
     logits_command(args)
 
 
+def _cmd_generate(args: argparse.Namespace) -> None:
+    from beamc.logits import generate_command
+
+    generate_command(args)
+
+
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -75,9 +81,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the generated package (manifest.json, kernels/*.py, step.py) of --rank to DIR")
     c.add_argument("--target", choices=["sm90", "sm100"], default="sm90",
                    help="GPU target of the generated package: sm90 (Hopper, H100/H200) or sm100 (Blackwell)")
-    c.add_argument("--pdl", action="store_true",
-                   help="generate kernels with Programmatic Dependent Launch (compile-checked; not yet verified on "
-                        "a GPU, so off by default)")
+    c.add_argument("--no-pdl", dest="pdl", action="store_false",
+                   help="generate kernels without Programmatic Dependent Launch (PDL is on by default: verified on "
+                        "the H200 to give the same bits, and faster; see docs/perf-log.md)")
     c.set_defaults(fn=_cmd_compile)
 
     h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")
@@ -108,7 +114,28 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("--tp", type=int, default=1, help="tensor-parallel size (ranks simulated in one process)")
     lg.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     _pass_flags(lg, default="none")
+    lg.add_argument("--backend", choices=["interpreter", "compiled"], default="interpreter",
+                    help="interpreter: the IR reference; compiled: the generated package through the runtime "
+                         "(on a CPU: --dtype f32 under Triton's interpreter; needs --passes all)")
     lg.set_defaults(fn=_cmd_logits)
+
+    gn = sub.add_parser("generate", help="continue a prompt (greedy, temperature, top-p) and report tokens/s")
+    gn.add_argument("spec")
+    gn.add_argument("--checkpoint", required=True, metavar="DIR", help="HF checkpoint directory (safetensors)")
+    gn.add_argument("--prompt-ids", required=True, metavar="IDS", help="the prompt's token ids, e.g. 1,2,3")
+    gn.add_argument("--max-new", type=int, default=16, metavar="N", help="tokens to generate (default: 16)")
+    gn.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
+    gn.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default: 1)")
+    gn.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    gn.add_argument("--backend", choices=["interpreter", "compiled"], default="compiled",
+                    help="compiled (default): the generated package through the runtime; interpreter: the IR "
+                         "reference")
+    gn.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    gn.add_argument("--dtype", choices=["f32", "bf16", "fp32"], default="f32",
+                    help="activation dtype: f32 (default; the only one on a CPU with --backend compiled) or bf16")
+    gn.add_argument("--json", action="store_true", help="print one JSON object: tokens, tokens_per_s, backend")
+    _pass_flags(gn, default="all")
+    gn.set_defaults(fn=_cmd_generate)
     return p
 
 

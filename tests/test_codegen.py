@@ -36,11 +36,21 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     phases = {name: sorted(v["launches_per_step"]) for name, v in man["kernels"].items()}
     router = sorted(p for name, p in phases.items() if name.startswith("moe_router"))
     assert router == [["decode"], ["prefill"]]  # small-M path for decode, tensor cores for prefill
-    assert all(p == ["decode", "prefill"] for name, p in phases.items() if not name.startswith("moe_router"))
-    assert "moe_experts_nvfp4" in man["library_calls"] and "issue 8" in man["library_calls"]["linear"]["pending"]
+    decode_only = ("moe_router", "gemv", "attention_decode", "attention_prefill")  # per-phase kernels
+    assert all(p == ["decode", "prefill"] for name, p in phases.items() if not name.startswith(decode_only))
+    assert all(p == ["decode"] for name, p in phases.items() if name.startswith(("gemv", "attention_decode")))
+    assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("attention_prefill"))
+    moe = {v["template"]: v["runs_when"] for v in man["kernels"].values() if v["op"] == "moe_experts"}
+    assert moe == {"moe_nvfp4_decode.py.j2": "T <= 64", "moe_nvfp4_prefill.py.j2": "T >= 65"}
+    # the gemv / cuBLAS choice: each gemv kernel runs for T <= its bound, the library call above it, and says why
+    gemv = [v for name, v in man["kernels"].items() if name.startswith("gemv")]
+    assert gemv and all(v["runs_when"] == "T <= 1" and v["choice"]["basis"] == "rule" for v in gemv)
+    assert "moe_experts_nvfp4" not in man["library_calls"] and "issue 8" in man["library_calls"]["linear"]["pending"]
+    assert man["library_calls"]["linear"]["when"]["linear"] == "T >= 2"
     step = (tmp_path / "pkg/step.py").read_text()
     assert "def decode(v):" in step and "def prefill(v):" in step and "# ---- layer 7 (full+sparse)" in step
     assert step.count("K[") == sum(sum(v["launches_per_step"].values()) for v in man["kernels"].values())
+    assert "    if T <= 1: K['gemv_" in step and "    if T >= 2: L.linear(" in step
     r = subprocess.run([sys.executable, "-c", "import pkg.step as s; print(len(s.K), callable(s.decode))"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.split() == [str(len(man["kernels"])), "True"], r.stderr[-2000:]
@@ -81,13 +91,13 @@ def _spec(name: str):
 
 @pytest.mark.parametrize("spec_name", ["tiny", "odd"])
 def test_every_kernel_of_the_package_equals_its_reference_fp32(spec_name, tmp_path):
-    """fp32 instances of every distinct kernel of the package (decode at 3 tokens, prefill at 37), under
+    """fp32 instances of every distinct kernel of the package (decode and prefill at 1 and 37 tokens: the gemv / cuBLAS choice takes both sides), under
     TRITON_INTERPRET=1 in a process of their own (the interpreter and compiled kernels do not mix in one process),
     on fresh random inputs with poisoned outputs vs the op's reference: the templates compute what the IR ops mean."""
     spec = _spec(spec_name)
     (tmp_path / "spec.yaml").write_text(spec_to_yaml(spec))
     r = subprocess.run([sys.executable, "-m", "beamc.codegen.selfcheck", str(tmp_path / "spec.yaml"), "--dtype", "f32",
-                        "--tokens", "3,37", "--json", str(tmp_path / "rows.json")],
+                        "--tokens", "1,37", "--json", str(tmp_path / "rows.json")],
                        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads((tmp_path / "rows.json").read_text())

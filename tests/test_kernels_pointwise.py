@@ -239,7 +239,7 @@ def test_rendered_module_contract(kind, kdir):
 
 def test_emitters_render_pdl_when_asked_for_gpu_dtypes_only():
     """compile_package(pdl=True): every kernel of a bf16 package is rendered with PDL on, of an fp32 package (the
-    interpreter's) with it off; without pdl=True (the default until verified on the H200) every kernel is off."""
+    interpreter's) with it off; PDL is the default (verified on the H200); pdl=False turns every kernel's off."""
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import PASSES
     from beamc.spec import load_spec
@@ -249,4 +249,6 @@ def test_emitters_render_pdl_when_asked_for_gpu_dtypes_only():
         pkg = compile_package(spec, passes=list(PASSES), phases=("decode",), dtype=dtype, pdl=True)
         assert pkg.kernels and all(k.constants["PDL"] is want for k in pkg.kernels.values()), dtype
     pkg = compile_package(spec, passes=list(PASSES), phases=("decode",))
+    assert all(k.constants["PDL"] is True for k in pkg.kernels.values())
+    pkg = compile_package(spec, passes=list(PASSES), phases=("decode",), pdl=False)
     assert all(k.constants["PDL"] is False for k in pkg.kernels.values())

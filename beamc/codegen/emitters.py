@@ -6,6 +6,7 @@ Library calls name a function of `beamc.runtime.library` and say which issue rep
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,18 @@ class Launch:
     pending: str = ""  # why this is a library call, and which issue brings its kernel
     scratch: tuple[tuple[str, tuple, str], ...] = ()  # (name, shape, IR dtype) of scratch buffers it declares
     kwargs: tuple[tuple[str, Any], ...] = ()  # library calls: the op's attributes they need
+    min_tokens: int = 0  # the launch runs for steps of min_tokens <= T <= max_tokens tokens (T: the step's token
+    max_tokens: int | None = None  # count, fixed per CUDA-graph bucket); None: no upper bound
+    choice: dict[str, Any] | None = None  # why this token range (`codegen.choices`), for the manifest
+
+    def runs_for(self, T: int) -> bool:
+        return T >= self.min_tokens and (self.max_tokens is None or T <= self.max_tokens)
+
+    def condition(self) -> str:
+        """The step.py condition of a token-ranged launch ("" when it always runs)."""
+        parts = ([f"T >= {self.min_tokens}"] if self.min_tokens else []) + (
+            [f"T <= {self.max_tokens}"] if self.max_tokens is not None else [])
+        return " and ".join(parts)
 
 
 def names(vals: list[Value]) -> tuple[str, ...]:
@@ -130,50 +143,105 @@ def _moe_router(node: Node, g: Graph, ctx: Context) -> list[Launch]:
                    PATH=path)]
 
 
-# ---------------------------------------------------------------- GEMMs: library now, kernels in issue 8
+# ---------------------------------------------------------------- GEMMs: the generated small-M kernel where measured
+# faster than cuBLAS (`codegen.choices`), cuBLAS through torch otherwise; large-M GEMMs stay with cuBLAS
+LIBRARY_GEMM = "cuBLAS through torch: measured faster than the generated kernel at this token count, or no " \
+               "generated large-M GEMM yet (issue 8)"
+GEMV_EPILOGUE = {"linear": "none", "linear_packed": "split", "gate_up_swiglu": "swiglu", "linear_softcap": "softcap"}
+GEMV_MAX_TOKENS = 64  # the gemv template's small-M range
+
+
+def _small_m(node: Node, g: Graph, ctx: Context, library_launches: list[Launch]) -> list[Launch]:
+    """Decode steps: the gemv kernel for T <= the chosen bound, the library launches above it; prefill: the library."""
+    if g.meta["phase"] != "decode":
+        return library_launches
+    from beamc.codegen.choices import choose
+
+    x, w = node.inputs[0], node.inputs[1]
+    K = last_dim(x)
+    N = node.out.shape[-1] if node.op != "linear_packed" else sum(node.attrs["splits"])
+    c = choose(ctx.target, node.op, K, N, GEMV_MAX_TOKENS)
+    if c.max_tokens < 1:
+        return [dataclasses.replace(ln, choice=c.record()) for ln in library_launches]
+    epi = GEMV_EPILOGUE[node.op]
+    extra = {"SPLITS": list(node.attrs["splits"])} if epi == "split" else {}
+    if epi == "softcap":
+        extra["CAP"] = node.attrs["cap"]
+    gemv = kernel(node, "gemv", ctx, EPILOGUE=epi, K=K, N=N, **extra)
+    return [dataclasses.replace(gemv, max_tokens=c.max_tokens, choice=c.record())] + [
+        dataclasses.replace(ln, min_tokens=c.max_tokens + 1, choice=c.record()) for ln in library_launches]
+
+
 @emits("linear")
 def _linear(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    return [library(node, "linear", GEMM_ISSUE)]
+    return _small_m(node, g, ctx, [library(node, "linear", LIBRARY_GEMM)])
 
 
 @emits("linear_packed")
 def _linear_packed(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    return [library(node, "linear_packed", GEMM_ISSUE)]
+    return _small_m(node, g, ctx, [library(node, "linear_packed", LIBRARY_GEMM)])
 
 
 @emits("gate_up_swiglu")
 def _gate_up_swiglu(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    """Two library GEMMs into scratch, then the generated SwiGLU kernel (the GEMM epilogue in issue 8)."""
+    """Decode: gemv with the SwiGLU epilogue where chosen; else two library GEMMs into scratch, then the generated
+    SwiGLU kernel."""
     x, wg, wu = node.inputs
     out = node.out
     shape, dt = tuple(out.shape), out.dtype
     sg, su = "scratch:mlp_gate", "scratch:mlp_up"
-    return [library(node, "linear2", GEMM_ISSUE, args=names([x, wg, wu]) + (sg, su),
-                    scratch=((sg, shape, dt), (su, shape, dt))),
-            kernel(node, "swiglu", ctx, args=(sg, su, out.name), F=shape[-1], PACKED=False)]
+    return _small_m(node, g, ctx, [
+        library(node, "linear2", LIBRARY_GEMM, args=names([x, wg, wu]) + (sg, su),
+                scratch=((sg, shape, dt), (su, shape, dt))),
+        kernel(node, "swiglu", ctx, args=(sg, su, out.name), F=shape[-1], PACKED=False)])
 
 
 @emits("linear_softcap")
 def _linear_softcap(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    """The lm_head GEMM (library) into a scratch, then the generated fp32 soft-cap kernel."""
+    """Decode: gemv with the soft-cap epilogue where chosen; else the lm_head GEMM (library) into a scratch, then the
+    generated fp32 soft-cap kernel."""
     x, w = node.inputs
     out = node.out
     s = "scratch:lm_head_raw"
-    return [library(node, "linear", GEMM_ISSUE, args=(x.name, w.name, s), scratch=((s, tuple(out.shape), x.dtype),)),
-            kernel(node, "softcap", ctx, args=(s, out.name), V=out.shape[-1], CAP=node.attrs["cap"])]
+    return _small_m(node, g, ctx, [
+        library(node, "linear", LIBRARY_GEMM, args=(x.name, w.name, s), scratch=((s, tuple(out.shape), x.dtype),)),
+        kernel(node, "softcap", ctx, args=(s, out.name), V=out.shape[-1], CAP=node.attrs["cap"])])
+
+
+MOE_DECODE_MAX_TOKENS = 64  # moe_nvfp4_decode's range; more tokens take the grouped (sorted-by-expert) kernel
 
 
 @emits("moe_experts")
 def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    return [library(node, f"moe_experts_{node.attrs['format']}", "the reference loop over experts until the "
-                    "NVFP4 MoE kernels (issue 8)")]
+    """NVFP4 experts, both phases: up to 64 tokens the W4A16 decode kernel (only the chosen experts' bytes read,
+    one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by expert on
+    the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
+    native block-scaled NVFP4 path). Dense (bf16) experts: the reference loop over experts."""
+    fmt = node.attrs["format"]
+    if fmt != "nvfp4":
+        return [library(node, f"moe_experts_{fmt}", "the reference loop over experts (torch): generated MoE kernels "
+                        "take NVFP4 experts, the checkpoint format")]
+    x, idx, gu_codes = node.inputs[:3]
+    dims = dict(E=gu_codes.shape[0], H=last_dim(x), I=gu_codes.shape[1] // 2, TOP_K=idx.shape[1])
+    large = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **({"NATIVE_FP4": True} if ctx.target == "sm100" else {}))
+    if dims["H"] % 128 or dims["I"] % 32:  # the decode kernel's K permutation needs chunks of >= 32 values
+        return [large]
+    small = kernel(node, "moe_nvfp4_decode", ctx, **dims)
+    return [dataclasses.replace(small, max_tokens=MOE_DECODE_MAX_TOKENS),
+            dataclasses.replace(large, min_tokens=MOE_DECODE_MAX_TOKENS + 1)]
 
 
 @emits("attention")
 def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    return [library(node, "attention", "the reference attention until the attention kernels (issue 9)",
-                    kwargs=(("window", node.attrs["window"]), ("scale", node.attrs["scale"]),
-                            ("paged", bool(node.attrs.get("paged")))))]
+    """Decode: flash-decoding over the ring (sliding) or the pages (full), split over the context so that one
+    sequence fills the GPU (`attention_decode`). Prefill: FlashAttention-style tiles of consecutive tokens with the
+    query heads of a KV head folded in, over each sequence's cached context (chunked prefill; `attention_prefill`)."""
+    a = node.attrs
+    paged = bool(a.get("paged"))
+    q, kc = node.inputs[:2]
+    template = "attention_decode" if g.meta["phase"] == "decode" else "attention_prefill"
+    return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
+                   WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0)]
 
 
 @emits("all_reduce", "all_gather")

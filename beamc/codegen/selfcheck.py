@@ -34,8 +34,8 @@ def distinct_kernel_nodes(pkg, phase: str) -> list[tuple]:
 
 def run(spec, *, tp: int = 1, rank: int = 0, dtype: str | None = None, device: str = "cpu",
         tokens: tuple[int, ...] = (1, 37), phases: tuple[str, ...] = ("decode", "prefill"), slots: int = 3,
-        kernel_dir: str | None = None, seed: int = 0) -> list[dict]:
-    pkg = compile_package(spec, tp=tp, rank=rank, passes=list(PASSES), dtype=dtype, phases=phases)
+        kernel_dir: str | None = None, seed: int = 0, pdl: bool = True) -> list[dict]:
+    pkg = compile_package(spec, tp=tp, rank=rank, passes=list(PASSES), dtype=dtype, phases=phases, pdl=pdl)
     kdir = kernel_dir or tempfile.mkdtemp(prefix="beamc_selfcheck_")
     rows = []
     for phase in phases:
@@ -59,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="1,37")
     p.add_argument("--phases", default="decode,prefill")
     p.add_argument("--json", default=None)
+    p.add_argument("--no-pdl", dest="pdl", action="store_false", help="kernels without Programmatic Dependent Launch")
     a = p.parse_args(argv)
     rows = run(load_spec(a.spec), tp=a.tp, rank=a.rank, dtype=a.dtype, device=a.device,
-               tokens=tuple(int(t) for t in a.tokens.split(",")), phases=tuple(a.phases.split(",")))
+               tokens=tuple(int(t) for t in a.tokens.split(",")), phases=tuple(a.phases.split(",")), pdl=a.pdl)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)

@@ -6,7 +6,9 @@ rounding of a normed value (one ulp); through the residual's rounded add a flip 
 more ulps, but never by more than about one bf16 ulp of the row's largest value. So: at most 1e-5 of the elements
 differ and max |out - ref| / max |ref| < 1e-2 (the pointwise and attention test files measure torch's own CPU-vs-CUDA
 differences on the same inputs, which are larger). The router's fp32 GEMM runs in another order too: weights
-within 1e-5, ids equal except near-ties. Writes every row to $BEAMC_GPU_OUT/package.json when that is set.
+within 1e-5, ids equal except near-ties. GEMM-class kernels (gemv, the NVFP4 MoE) sum in another order than
+cuBLAS, attention kernels use an online softmax, and the library's packed QKV+gate GEMM is one cuBLAS call where
+the reference makes one per part: ||out - ref|| / ||ref|| < 1e-2 (the H200 run measured <= 5.6e-3). Writes every row to $BEAMC_GPU_OUT/package.json when that is set.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from beamc.spec import load_spec
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 NORM_OPS = {"boundary", "embed_norm", "qk_norm_pos_kv"}
+GEMM_OPS = {"linear", "linear_packed", "gate_up_swiglu", "linear_softcap", "moe_experts"}  # relative error
 ROWS: list[dict] = []
 
 
@@ -35,6 +38,7 @@ def _odd():
 
 CASES = {
     "full-tp8": lambda: (load_spec(ROOT / "models/beam.yaml"), 8),
+    "full-tp8-nopdl": lambda: (load_spec(ROOT / "models/beam.yaml"), 8),  # the same kernels without PDL
     "full-tp1": lambda: (load_spec(ROOT / "models/beam.yaml"), 1),
     "tiny": lambda: (load_spec(ROOT / "models/beam-tiny.yaml"), 1),
     "odd": lambda: (_odd(), 1),
@@ -44,7 +48,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_package_kernels_match_their_references_bitwise(case):
     spec, tp = CASES[case]()
-    rows = run(spec, tp=tp, device="cuda", tokens=(1, 300), phases=("decode", "prefill"))
+    rows = run(spec, tp=tp, device="cuda", tokens=(1, 300), phases=("decode", "prefill"), pdl=not case.endswith("-nopdl"))
     for r in rows:
         r["case"] = case
     ROWS.extend(rows)
@@ -56,6 +60,9 @@ def test_package_kernels_match_their_references_bitwise(case):
             bad.append(r)
         elif r["op"] == "moe_router":
             if r["max_rel"] > 1e-5 or r["int_mismatches"] > max(1, r["tokens"] // 50):
+                bad.append(r)
+        elif r["op"] in GEMM_OPS or r["op"] == "attention":  # kernels or cuBLAS (packed: one GEMM, not 4)
+            if r["norm_rel"] >= 1e-2:
                 bad.append(r)
         elif r["op"] in NORM_OPS:
             if r["max_rel"] >= 1e-2 or r["mismatches"] > max(4, r["elements"] // 100_000):
