@@ -1,0 +1,390 @@
+"""The compiled runtime (`beamc.runtime.model.Model`) on the tiny spec in fp32, its generated Triton kernels run by
+Triton's CPU interpreter in a child process: logits equal the reference session's (rel < 1e-5) through ragged
+prefill, padded decode batches, chunked prefill past a sliding ring's wrap, slot reuse and caller-supplied block
+tables; every bad call refused with caches untouched; padding rows never touch a real sequence's cache; the CLI's
+`logits --backend compiled` and `generate --json`. In-process (no kernel imported): package checks, buffer
+planning and sampling."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.errors import BeamcError
+from conftest import ROOT, rel_err, run_interpreted
+
+TINY = ROOT / "models/beam-tiny.yaml"
+TOL = 1e-5
+
+
+# ---------------------------------------------------------------- the child: runs under TRITON_INTERPRET=1
+def _ids(n: int, seed: int, vocab: int = 512) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _kinds(m) -> dict[str, str]:
+    """state name -> "ring" (first dim: slots) or "paged" (first dim: pages of the pool)."""
+    g = m.bufs["decode"].graph
+    return {n: ("paged" if node.out.shape[0] == "P" else "ring") for n, node in g.leaves("state").items()}
+
+
+def _snapshot(m) -> dict[str, torch.Tensor]:
+    return {k: t.clone() for k, t in m.states.items()}
+
+
+def _changed(m, snap) -> tuple[set[int], set[int]]:
+    """(ring slots, pool pages) whose cache rows differ from `snap`."""
+    slots, pages = set(), set()
+    for name, kind in _kinds(m).items():
+        diff = (m.states[name] != snap[name]).flatten(1).any(1).nonzero().flatten().tolist()
+        (pages if kind == "paged" else slots).update(diff)
+    return slots, pages
+
+
+def _pages_of(m, sids) -> set[int]:
+    return {int(p) for s in sids for p in m.block_table_cpu[m.seqs[s].slot]}
+
+
+def _within(m, snap, sids) -> dict:
+    """Did only the caches of `sids` (and the padding slot / pages) change, and did the padding ones change?"""
+    slots, pages = _changed(m, snap)
+    own_slots = {m.seqs[s].slot for s in sids}
+    own_pages = _pages_of(m, sids)
+    return {"others_untouched": slots <= own_slots | {m.pad_slot} and pages <= own_pages | set(m.pad_pages),
+            "pad_written": m.pad_slot in slots and bool(pages & set(m.pad_pages)),
+            "own_written": own_slots <= slots}
+
+
+def _interpreted_main(out: str, spec_yaml: str, ckpt: str) -> None:
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.model import Model
+    from beamc.runtime.session import ReferenceSession
+    from beamc.spec import load_spec
+
+    spec = load_spec(spec_yaml)
+    pkg = compile_package(spec, passes=select_passes("all"), dtype="f32").write(Path(out).parent / "pkg")
+    r: dict = {}
+
+    def close(name, got, want):
+        r[name] = rel_err(torch.cat(list(got)) if isinstance(got, list) else got,
+                          torch.cat(list(want)) if isinstance(want, list) else want)
+
+    def error(call):
+        try:
+            call()
+        except BeamcError as e:
+            return str(e)
+        return None
+
+    # ---- model A: each sequence its own page; 4 slots, 12 positions, prefill steps of 4 or 8 tokens
+    m = Model.load(pkg, ckpt, device="cpu", max_batch=4, max_context=12, max_prefill_tokens=8,
+                   prefill_buckets=[4, 8])
+    ref = ReferenceSession.from_checkpoint(spec, ckpt, max_seqs=4, max_len=12, max_chunk=8)
+    A, B, C, D = _ids(3, 0), _ids(2, 1), _ids(3, 2), _ids(3, 3)
+    close("ragged_prefill", m.prefill(["a", "b", "c"], [A, B, C], all_logits=True),
+          ref.prefill([(0, A), (1, B), (2, C)]))
+    snap = _snapshot(m)
+    close("prefill_last_token", m.prefill(["d"], [D]), ref.prefill([(3, D)])[0][-1:])  # 3 tokens + 1 padding
+    r["padded_prefill"] = _within(m, snap, ["d"])
+    snap = _snapshot(m)
+    close("decode_padded", m.decode(["a", "b", "c"], [7, 8, 9]), ref.decode({0: 7, 1: 8, 2: 9}))  # 3 rows + 1
+    r["padded_decode"] = _within(m, snap, ["a", "b", "c"])
+    A2, B2 = _ids(2, 4), _ids(2, 5)
+    close("chunked_prefill", m.prefill(["b", "a"], [B2, A2], start_positions=[3, 4], all_logits=True),
+          ref.prefill([(1, B2), (0, A2)]))
+    slot_b = m.seqs["b"].slot
+    m.release("b")
+    ref.reset(1)
+    E, A3 = _ids(2, 6), _ids(2, 7)
+    close("reused_slot_prefill", m.prefill(["e", "a"], [E, A3], positions=[[0, 1], [6, 7]]),
+          torch.stack([x[-1] for x in ref.prefill([(1, E), (0, A3)])]))
+    r["reused_slot"] = m.seqs["e"].slot == slot_b
+    r["lengths"] = m.lengths
+    r["status"] = m.graphs.summary()
+    # ---- every bad call: one BeamcError, no cache or length changed
+    snap, lengths = _snapshot(m), dict(m.lengths)
+    r["errors"] = {name: error(call) for name, call in {
+        "context_overrun": lambda: m.prefill(["c", "a"], [[1], [3] * 5]),
+        "unknown_seq": lambda: m.decode(["zz"], [1]),
+        "token_outside_vocab": lambda: m.prefill(["c", "a"], [[1], [1, 512]]),
+        "no_free_slot": lambda: m.prefill(["x"], [[1]]),
+        "batch_over_max": lambda: m.prefill(["a", "c", "d", "e", "x"], [[1]] * 5),
+        "page_outside_pool": lambda: m.decode(["c", "a"], [1, 2], block_tables=[None, [99]]),
+        "too_few_pages": lambda: m.decode(["a"], [1], block_tables=[[]]),
+        "start_after_length": lambda: m.prefill(["a"], [[1]], start_positions=[30]),
+        "seq_twice": lambda: m.prefill(["a", "a"], [[1], [2]]),
+        "too_many_tokens": lambda: m.prefill(["a", "c"], [[1] * 5, [1] * 5]),
+    }.items()}
+    r["errors_untouched"] = _changed(m, snap) == (set(), set()) and m.lengths == lengths
+    close("decode_after_errors", m.decode(["e", "a", "c", "d"], [10, 11, 12, 13]),
+          ref.decode({1: 10, 0: 11, 2: 12, 3: 13}))
+
+    # ---- model B: a caller-managed pool of 6 pages, shuffled tables, a sequence crossing a page boundary
+    mb = Model.load(pkg, ckpt, device="cpu", max_batch=2, max_context=32, max_prefill_tokens=8, num_pages=6,
+                    prefill_buckets=[4, 8])
+    refb = ReferenceSession.from_checkpoint(spec, ckpt, max_seqs=2, max_len=32, max_chunk=8)
+    perm = torch.randperm(6, generator=torch.Generator().manual_seed(5)).tolist()
+    P, Q = perm[:2], perm[2:4]
+    r["tables"] = [P, Q]
+    p1, q1, q2, q3, p3 = _ids(2, 10), _ids(6, 11), _ids(8, 12), _ids(3, 13), _ids(1, 14)
+    close("tables_prefill", mb.prefill(["p", "q"], [p1, q1], block_tables=[P, Q], all_logits=True),
+          refb.prefill([(0, p1), (1, q1)]))
+    close("tables_prefill_kept", mb.prefill(["q"], [q2]), refb.prefill([(1, q2)])[0][-1:])
+    close("tables_page_boundary", mb.prefill(["q", "p"], [q3, p3], all_logits=True), refb.prefill([(1, q3), (0, p3)]))
+    close("tables_decode", mb.decode(["p", "q"], [1, 2]), refb.decode({0: 1, 1: 2}))
+    _, pages = _changed(mb, {k: torch.zeros_like(t) for k, t in mb.states.items()})
+    r["tables_pages_written"] = sorted(pages - set(mb.pad_pages))
+    r["tables_errors"] = {
+        "no_table": error(lambda: mb.decode(["p", "q"], [1, 2], block_tables=[None, [Q[0]]])),
+        "pad_page": error(lambda: mb.decode(["p"], [1], block_tables=[[P[0], 6]])),
+        "shared_page": error(lambda: mb.decode(["p"], [1], block_tables=[[P[0], Q[1]]])),
+        "page_twice": error(lambda: mb.decode(["p", "q"], [1, 2], block_tables=[[P[0], P[1]], [Q[0], P[1]]]))}
+    mb.release("p")
+    r["tables_errors"]["new_seq_without_table"] = error(lambda: mb.prefill(["r"], [[1, 2]]))
+    Path(out).write_text(json.dumps(r))
+
+
+@pytest.fixture(scope="module")
+def spec_yaml(tiny_spec_bf16, tmp_path_factory) -> Path:
+    """The tiny spec with bf16 experts: its MoE runs as a library call, which keeps Triton's interpreter to the
+    kernels the runtime needs (the NVFP4 decode kernel takes minutes there; tests/test_kernels_moe.py covers it)."""
+    from beamc.spec.hf import spec_to_yaml
+
+    p = tmp_path_factory.mktemp("spec") / "beam-tiny-bf16.yaml"
+    p.write_text(spec_to_yaml(tiny_spec_bf16))
+    return p
+
+
+@pytest.fixture(scope="module")
+def interpreted(spec_yaml, tiny_ckpt, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("runtime") / "result.json"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
+            f"t._interpreted_main({str(out)!r}, {str(spec_yaml)!r}, {str(tiny_ckpt)!r})")
+    return run_interpreted(["-c", code], out)
+
+
+# ---------------------------------------------------------------- compiled vs reference
+@pytest.mark.parametrize("case", ["ragged_prefill", "prefill_last_token", "decode_padded", "chunked_prefill",
+                                  "reused_slot_prefill", "decode_after_errors", "tables_prefill",
+                                  "tables_prefill_kept", "tables_page_boundary", "tables_decode"])
+def test_compiled_logits_equal_the_reference_session(interpreted, case):
+    assert interpreted[case] < TOL, (case, interpreted[case])
+
+
+def test_runs_eagerly_on_cpu_and_reuses_a_released_slot(interpreted):
+    assert interpreted["status"] == {"decode": "eager (cpu)", "prefill": "eager (cpu)"}
+    assert interpreted["reused_slot"]
+    assert interpreted["lengths"] == {"a": 8, "c": 4, "d": 3, "e": 2}
+
+
+@pytest.mark.parametrize("step", ["padded_prefill", "padded_decode"])
+def test_padding_rows_write_only_the_padding_slot_and_pages(interpreted, step):
+    """A 3-token prefill in the 4-token bucket, a 3-sequence decode in the batch-4 bucket: the padding rows wrote
+    the reserved slot and pages (so padding ran), no cache of a sequence outside the step changed."""
+    assert interpreted[step] == {"others_untouched": True, "pad_written": True, "own_written": True}
+
+
+def test_caller_tables_write_only_their_pages(interpreted):
+    P, Q = interpreted["tables"]
+    assert interpreted["tables_pages_written"] == sorted([P[0], *Q])  # p holds 4 positions, q 18: two pages
+
+
+@pytest.mark.parametrize("case, message", [
+    ("context_overrun", "seq 'a': length 13 exceeds max_context=12 (raise max_context)"),
+    ("unknown_seq", "seq 'zz': unknown sequence (never prefilled, or released)"),
+    ("token_outside_vocab", "seq 'a': token id 512 outside the vocabulary [0, 512)"),
+    ("no_free_slot", "1 new sequences, but only 0 of max_batch=4 slots are free"),
+    ("batch_over_max", "5 sequences in one step exceed max_batch=4"),
+    ("page_outside_pool", "seq 'a': block table names page 99, outside the pool of num_pages=4"),
+    ("too_few_pages", "seq 'a': its block table has 0 pages (0 positions), too few for 9 positions"),
+    ("start_after_length", "seq 'a': start position 30 outside [0, 8]"),
+    ("seq_twice", "a sequence appears twice in one step"),
+    ("too_many_tokens", "10 tokens in one step exceed max_prefill_tokens=8"),
+])
+def test_bad_calls_raise_one_error_and_touch_no_cache(interpreted, case, message):
+    assert message in (interpreted["errors"][case] or "no error"), interpreted["errors"][case]
+    assert interpreted["errors_untouched"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no_table", "seq 'q': its block table has 1 pages (16 positions), too few for 19 positions"),
+    ("pad_page", "seq 'p': block table names page 6, outside the pool of num_pages=6"),
+    ("new_seq_without_table", "seq 'r': no block table: the pool of num_pages=6 is managed by the caller"),
+    ("shared_page", "seq 'p': block table names page {Q1}, which seq 'q' holds"),
+    ("page_twice", "seq 'q': block table names page {P1}, which seq 'p' holds"),
+])
+def test_caller_managed_pool_errors(interpreted, case, message):
+    (P0, P1), (Q0, Q1) = interpreted["tables"]
+    message = message.format(P1=P1, Q1=Q1)
+    assert message in (interpreted["tables_errors"][case] or "no error"), interpreted["tables_errors"][case]
+
+
+# ---------------------------------------------------------------- the command line (child processes)
+def _cli(*argv) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the CLI sets it itself on a CPU
+    return subprocess.run([sys.executable, "-m", "beamc.cli", *map(str, argv)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_logits_compiled_equals_interpreter(tmp_path, spec_yaml, tiny_ckpt):
+    """`beamc logits --backend compiled` in a child (it sets TRITON_INTERPRET itself); the interpreter here."""
+    from safetensors.torch import load_file
+
+    from beamc.cli import main
+
+    batch = tmp_path / "b.json"
+    batch.write_text(json.dumps({"sequences": [[1, 2, 3], [400, 5]], "decode_steps": 1}))
+    argv = ["logits", spec_yaml, "--checkpoint", tiny_ckpt, "--input", batch, "--passes", "all"]
+    p = _cli(*argv, "-o", tmp_path / "c.st", "--backend", "compiled")
+    assert p.returncode == 0 and "backend: compiled" in p.stdout, p.stderr
+    assert main(list(map(str, argv + ["-o", tmp_path / "i.st"]))) == 0
+    got, want = load_file(tmp_path / "c.st"), load_file(tmp_path / "i.st")
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].shape == want[k].shape
+        assert (got[k] == want[k]).all() if "tokens" in k else rel_err(got[k], want[k]) < TOL, k
+
+
+def test_cli_generate(spec_yaml, tiny_ckpt):
+    """--json from both backends; the compiled run stops after the prefill's token (a batch-1 decode step runs the
+    gemv kernels, minutes in Triton's interpreter). Sampling flags, and the text output, on the interpreter."""
+    res = {}
+    for backend, n in (("compiled", 1), ("interpreter", 3)):
+        p = _cli("generate", spec_yaml, "--checkpoint", tiny_ckpt, "--prompt-ids", "1,2,3", "--json",
+                 "--backend", backend, "--max-new", n)
+        assert p.returncode == 0, p.stderr
+        res[backend] = json.loads(p.stdout)
+        assert res[backend]["backend"] == backend and len(res[backend]["tokens"]) == n
+        assert res[backend]["tokens_per_s"] > 0
+    assert res["compiled"]["tokens"] == res["interpreter"]["tokens"][:1]
+    p = _cli("generate", spec_yaml, "--checkpoint", tiny_ckpt, "--prompt-ids", "1,2,3", "--backend", "interpreter",
+             "--max-new", "3", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
+    assert p.returncode == 0, p.stderr
+    tokens, summary = p.stdout.splitlines()
+    assert len(tokens.split()) == 3 and "3 tokens" in summary and "tokens/s" in summary
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["logits", "--input", "B", "-o", "O", "--backend", "compiled", "--passes", "none"],
+     "no kernel or library emitter for this op (run the fusion passes"),
+    (["logits", "--input", "B", "-o", "O", "--backend", "compiled", "--dtype", "bf16"],
+     "--dtype: bf16: on a CPU the compiled backend runs the fp32 package under Triton's interpreter"),
+    (["logits", "--input", "B", "-o", "O", "--backend", "compiled", "--tp", "2"],
+     "--tp: 2: the compiled backend runs one rank per process"),
+    (["generate", "--prompt-ids", "1,x"], "--prompt-ids: '1,x' is not a comma-separated list of token ids"),
+    (["generate", "--prompt-ids", "1,512"], "--prompt-ids: token id 512 outside the vocabulary [0, 512)"),
+    (["generate", "--prompt-ids", "1", "--max-new", "0"], "--max-new: must be >= 1, got 0"),
+    (["generate", "--prompt-ids", "1", "--top-p", "0"], "--top-p: must be in (0, 1], got 0.0"),
+])
+def test_cli_refusals_come_before_any_kernel(argv, message, tmp_path, tiny_ckpt_nvfp4, capsys, monkeypatch):
+    from beamc.cli import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    batch = tmp_path / "b.json"
+    batch.write_text(json.dumps([[1, 2]]))
+    argv = [str(batch) if a == "B" else str(tmp_path / "o.st") if a == "O" else a for a in argv]
+    assert main([argv[0], str(TINY), "--checkpoint", str(tiny_ckpt_nvfp4), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert "TRITON_INTERPRET" not in os.environ  # a refused command leaves the environment as it was
+
+
+# ---------------------------------------------------------------- in-process: package checks, buffers, sampling
+@pytest.fixture(scope="module")
+def package(tiny_spec, tmp_path_factory) -> Path:
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+
+    return compile_package(tiny_spec, passes=select_passes("all"), dtype="f32").write(
+        tmp_path_factory.mktemp("pkg") / "pkg")
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(tp=2, rank=1), "tp: asked 2, the package has 1; rank: asked 1, the package has 0"),
+    (dict(dtype="bf16"), "dtype (activations): asked 'bf16', the package has 'f32'"),
+    (dict(kv_dtype="fp8"), "kv_dtype: asked 'f8e4m3', the package has 'bf16'"),
+    (dict(target="sm100"), "target: asked 'sm100', the package has 'sm90'"),
+])
+def test_load_refuses_a_package_that_is_not_the_one_asked_for(package, tiny_ckpt_nvfp4, kw, message):
+    from beamc.runtime.model import Model
+
+    with pytest.raises(BeamcError, match="the package is not the one asked for") as e:
+        Model.load(package, tiny_ckpt_nvfp4, device="cpu", **kw)
+    assert message in str(e.value)
+
+
+def test_load_refuses_another_spec_a_stale_package_and_a_cpu_without_the_interpreter(package, tiny_spec,
+                                                                                    tiny_ckpt_nvfp4, tmp_path,
+                                                                                    monkeypatch):
+    import shutil
+
+    from beamc.runtime.model import Model
+
+    other = tiny_spec.model_copy(update={"vocab_size": 640})
+    with pytest.raises(BeamcError, match="is not the spec the package was compiled from"):
+        Model.load(package, tiny_ckpt_nvfp4, device="cpu", spec=other)
+    with pytest.raises(BeamcError, match="not a beamc package: manifest.json is missing"):
+        Model.load(tmp_path, tiny_ckpt_nvfp4, device="cpu")
+    stale = tmp_path / "stale"
+    shutil.copytree(package, stale)
+    (stale / "step.py").write_text((stale / "step.py").read_text().replace("# ---- layer 3", "# edited"))
+    with pytest.raises(BeamcError, match="differs from what this beamc generates"):
+        Model.load(stale, tiny_ckpt_nvfp4, device="cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(BeamcError, match="run on a CPU only under Triton's interpreter"):
+        Model.load(package, tiny_ckpt_nvfp4, device="cpu")  # the spec comes from the checkpoint's config.json
+
+
+def test_buffer_plan_shares_storage_only_between_disjoint_lifetimes(tiny_spec):
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.model import StepBuffers, _aligned, _nbytes
+
+    pkg = compile_package(tiny_spec, passes=select_passes("all"), dtype="f32")
+    st = pkg.steps["prefill"]
+    sizes = {"T": 64, "R": 8, "S": 5, "Cs": 79, "P": 10, "MP": 2}
+    shared, alone = StepBuffers(st.graph, st.launches), StepBuffers(st.graph, st.launches)
+    blocks, every = shared.plan(sizes, share=True), alone.plan(sizes, share=False)
+    assert len(every) == len(alone.roots) and sum(blocks) < sum(every) / 4
+    by_block: dict[int, list[str]] = {}
+    for name, b in shared.roots.items():
+        by_block.setdefault(b.block, []).append(name)
+        assert blocks[b.block] >= _aligned(_nbytes(b.shape, b.dtype, sizes))
+    for names in by_block.values():  # buffers of one block: lifetimes never overlap
+        spans = sorted((shared.first[n], shared.last[n]) for n in names)
+        assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans
+    assert "scratch:mlp_gate" in shared.roots and shared.root("L0.q_heads") == "L0.qkvg_proj.0"
+    assert shared.leaf[shared.root("L5.qk_norm_pos_kv.1")] == ("state", "kv.5.k")  # the cache, written in place
+
+
+def test_buckets():
+    from beamc.runtime.model import bucket_for, buckets
+
+    assert buckets(128) == [1, 2, 4, 8, 16, 32, 64, 128] and buckets(6) == [1, 2, 4, 6]
+    assert buckets(8, first=16) == [8] and buckets(100, first=16) == [16, 32, 64, 100]
+    assert bucket_for(3, buckets(8)) == 4 and bucket_for(8, buckets(8)) == 8
+
+
+def test_sampling_greedy_temperature_top_p():
+    from beamc.runtime.sampling import generator, greedy, sample, top_p_filter
+
+    logits = torch.tensor([[0.0, 3.0, 1.0, -1.0], [2.0, 2.0, 0.0, 5.0]])
+    assert greedy(logits).tolist() == [1, 3] and sample(logits, temperature=0).tolist() == [1, 3]
+    assert sample(logits[0], temperature=0).item() == 1
+    kept = top_p_filter(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])), 0.8)
+    assert torch.isfinite(kept).tolist() == [[True, True, False, False]]  # 0.5 + 0.3 reaches 0.8
+    assert torch.isfinite(top_p_filter(logits, 1e-6)).sum(-1).tolist() == [1, 1]  # the top token always stays
+    draws = [sample(logits, 1.0, 0.9, generator(7)).tolist() for _ in range(2)]
+    assert draws[0] == draws[1]  # seeded
+    many = sample(logits[:1].expand(4000, -1), temperature=1.0, generator=generator(0))
+    freq = torch.bincount(many, minlength=4).float() / 4000
+    assert (freq - logits[0].softmax(-1)).abs().max() < 0.03
+    with pytest.raises(BeamcError, match="top_p"):
+        sample(logits, 1.0, 0.0)
+
