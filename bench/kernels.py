@@ -75,11 +75,20 @@ def graph_time(fn, reps: int, iters: int = 5) -> float:
 
 
 def copy_bandwidth() -> float:
-    """TB/s of a 1 GiB device-to-device copy (read + write counted)."""
+    """TB/s of a 1 GiB device-to-device copy (read + write counted; torch runs cudaMemcpyAsync)."""
     src = torch.empty(1 << (30 if DEVICE == "cuda" else 20), dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     t = graph_time(lambda: dst.copy_(src), reps=5)
     return 2 * src.numel() / t / 1e12
+
+
+def read_bandwidth() -> float:
+    """TB/s of reading 1 GiB once (a torch sum to one value): the ceiling of a weight-streaming kernel, which reads
+    and barely writes. The H200's copy (read + write) ran at 2.7 TB/s on 2026-11-30 while GEMV kernels read 3.8."""
+    src = torch.ones(1 << (28 if DEVICE == "cuda" else 18), dtype=torch.float32, device=DEVICE)
+    out = torch.empty((), dtype=torch.float32, device=DEVICE)
+    t = graph_time(lambda: torch.sum(src, dim=0, out=out), reps=5)
+    return src.numel() * 4 / t / 1e12
 
 
 def launch_args(node, lns, ln, ins, outs, sizes) -> list:
@@ -132,15 +141,21 @@ def baseline_fn(node, ins, outs):
 
 def kind_label(k) -> str:
     """A kernel's kind: its template and variant (per-layer constants such as residual scales aside)."""
-    return k.template + ("+combine" if k.constants.get("COMBINE") else "") + (
-        f":{k.constants['MODE']}" if "MODE" in k.constants else "")
+    c = k.constants
+    return k.template + ("+combine" if c.get("COMBINE") else "") + (f":{c['MODE']}" if "MODE" in c else "") + (
+        f":{c['EPILOGUE']} {c['K']}x{c['N']}" if k.template == "gemv" else "") + (
+        (":paged" if c.get("PAGED") else f":window {c['WINDOW']}") if k.template == "attention_decode" else "")
+
+
+# templates timed by their own sections (bench/gemm.py, attention_*.py, moe_prefill.py), not by this file's table
+OWN_SECTION = ("gemv", "moe_nvfp4_decode", "moe_nvfp4_prefill", "attention_decode", "attention_prefill")
 
 
 def representative_nodes(pkg, phase: str):
     """(kind label, node, launches) for one node per distinct template variant (per-layer scales aside)."""
     seen, out = set(), []
     for node, lns in pkg.steps[phase].by_node():
-        kernels = [ln.kernel for ln in lns if ln.kernel is not None]
+        kernels = [ln.kernel for ln in lns if ln.kernel is not None and ln.kernel.template not in OWN_SECTION]
         if not kernels:
             continue
         label = kind_label(kernels[-1])
@@ -162,12 +177,37 @@ def sizes_for(spec, T: int) -> dict[str, int]:
             "R": 1, "V": spec.vocab_size, "E": spec.mlp.moe.num_experts, "P0": 1000}
 
 
+# bench modules beside this one, each `bench_cases(graph_time, copy_bw) -> records` (GPU only)
+SECTIONS = ("elementwise", "gemm", "attention_decode", "attention_prefill", "moe_prefill")
+
+
+def extra_sections(names, bw: float, read_bw: float) -> tuple[list[dict], dict]:
+    """Records of the other bench modules; a module that fails says why in the facts, the run goes on."""
+    import importlib
+    import inspect
+    import traceback
+
+    records, failed = [], {}
+    for name in names:
+        try:
+            mod = importlib.import_module(f"bench.{name}")
+            params = inspect.signature(mod.bench_cases).parameters  # each module takes what it needs
+            kw = {k: v for k, v in (("copy_bw", bw), ("read_bw", read_bw)) if k in params}
+            records += mod.bench_cases(graph_time, **kw)
+        except Exception as e:  # one broken section must not cost the run's other figures
+            failed[name] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+    return records, failed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--dry", action="store_true", help="run on CPU under TRITON_INTERPRET=1 to check the script")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated, of {', '.join(SECTIONS)} (elementwise: this file's kernels and chain)")
     args = ap.parse_args()
     global DEVICE
     DEVICE = "cpu" if args.dry else "cuda"
@@ -182,8 +222,10 @@ def main() -> int:
     # timed at the same hidden size from the tp = 1 package
     pkg1 = compile_package(spec, tp=1, passes=list(PASSES), pdl=not args.dry) if args.tp > 1 else None
     bw = max(copy_bandwidth(), copy_bandwidth())  # the first may run while the clocks ramp up
+    read_bw = max(read_bandwidth(), read_bandwidth())
+    sections = [x for x in args.sections.split(",") if x]
     records = []
-    for phase, T, reps in (("decode", 1, 200), ("prefill", args.tokens, 10)):
+    for phase, T, reps in [] if "elementwise" not in sections else (("decode", 1, 200), ("prefill", args.tokens, 10)):
         sizes = sizes_for(spec, T)
         reps_nodes = representative_nodes(pkg, phase)
         if pkg1 is not None:
@@ -215,12 +257,49 @@ def main() -> int:
                             "baseline": "torch reference ops (unfused), CUDA graph", "baseline_us": base_us,
                             "us_no_pdl": t_off * 1e6, "pdl": bool(mods.OPTIONS["launch_pdl"]), "bytes": nbytes,
                             "copy_tb_s": bw})
-    # the chain of this stage's kernels in one MoE layer's real order, 20 layers deep, decode M = 1
+    chain = layer_chain(spec, pkg, records, variants, kdir) if "elementwise" in sections else None
+    extra, failed = extra_sections([x for x in sections if x != "elementwise"], bw, read_bw) if not args.dry else ([], {})
+    records += extra
+    facts = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)",
+             "torch": torch.__version__, "triton": __import__("triton").__version__, "copy_tb_s": bw,
+             "read_tb_s": read_bw,
+             "pdl": "us / us_per_layer: the kernels as generated (PDL on: launch_pdl + griddepcontrol); *_no_pdl: "
+                    "rendered with PDL=False" + (" (--dry: both without PDL, the interpreter has none)" if args.dry
+                                                 else ""),
+             "chain": chain, "sections": sections, "sections_failed": failed,
+             "command": f"python bench/kernels.py --out $OUT --sections {','.join(sections)} (device tool, H200)"}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"kernels-{facts['date']}.json"
+    if path.exists():  # a second run the same day keeps the first
+        path = out / f"kernels-{facts['date']}-{datetime.datetime.now().strftime('%H%M%S')}.json"
+    path.write_text(json.dumps({"facts": facts, "records": records}, indent=1))
+    print(f"copy bandwidth {bw:.2f} TB/s (read + write), read bandwidth {read_bw:.2f} TB/s")
+    if chain:
+        print(f"decode chain of layer {chain['layer']} ({len(chain['kernels'])} kernels): "
+              f"{chain['us_per_layer']:.2f} us per layer with PDL, {chain['us_per_layer_no_pdl']:.2f} without "
+              f"(sum of kernels alone {chain['sum_of_alone_us']:.2f} / {chain['sum_of_alone_us_no_pdl']:.2f} us)")
+    for name, why in failed.items():
+        print(f"section {name} FAILED: {why}")
+    print(f"{'kernel':<28}{'tokens':>7}{'us':>10}{'no-PDL us':>11}{'TB/s':>8}{'TFLOP/s':>9}{'base us':>10}{'x':>7}")
+    for r in records:
+        b = r.get("baseline_us")
+        base = f"{b:10.2f}{b / r['us']:7.1f}" if b else f"{'-':>10}{'-':>7}"
+        nopdl = f"{r['us_no_pdl']:11.2f}" if r.get("us_no_pdl") else f"{'-':>11}"
+        tb = f"{r['tb_s']:8.2f}" if r.get("tb_s") is not None else f"{'-':>8}"
+        tf = f"{r['tflops']:9.1f}" if r.get("tflops") is not None else f"{'-':>9}"
+        print(f"{r['kernel'][:27]:<28}{r['tokens']:>7}{r['us']:>10.2f}{nopdl}{tb}{tf}{base}")
+    print(f"wrote {path}")
+    return 0
+
+
+def layer_chain(spec, pkg, records, variants, kdir) -> dict:
+    """The chain of this stage's kernels in one MoE layer's real order, 20 layers deep, decode M = 1."""
     sizes = sizes_for(spec, 1)
     layer = next(L for L in range(spec.num_layers) if spec.mlp_types[L] == "sparse"
                  and spec.attention_types[L] == "sliding_attention")
     chain = [(node, lns, ln) for node, lns in pkg.steps["decode"].by_node() if node.layer == layer
-             for ln in lns if ln.kernel is not None]
+             for ln in lns if ln.kernel is not None and ln.kernel.template not in OWN_SECTION]
     calls, calls_off = [], []  # the same buffers, kernels as generated / without PDL
     for node, lns, ln in chain:
         ins, outs = node_buffers(node, sizes, DEVICE, seed=7)
@@ -234,29 +313,9 @@ def main() -> int:
     us_alone_off = {r["kernel"]: r["us_no_pdl"] for r in records if r["tokens"] == 1}
     alone = sum(us_alone[kind_label(ln.kernel)] for _, _, ln in chain)  # each launch of the chain, timed alone
     alone_off = sum(us_alone_off[kind_label(ln.kernel)] for _, _, ln in chain)
-    facts = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)",
-             "torch": torch.__version__, "triton": __import__("triton").__version__, "copy_tb_s": bw,
-             "pdl": "us / us_per_layer: the kernels as generated (PDL on: launch_pdl + griddepcontrol); *_no_pdl: "
-                    "rendered with PDL=False" + (" (--dry: both without PDL, the interpreter has none)" if args.dry
-                                                 else ""),
-             "chain": {"layer": layer, "kernels": [ln.kernel.template for _, _, ln in chain], "us_per_layer": t_chain * 1e6,
-                       "us_per_layer_no_pdl": t_chain_off * 1e6, "sum_of_alone_us": alone,
-                       "sum_of_alone_us_no_pdl": alone_off, "pdl": bool(calls[0][0].OPTIONS["launch_pdl"])},
-             "command": "python bench/kernels.py --out $OUT (device tool, H200)"}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"kernels-{facts['date']}.json"
-    path.write_text(json.dumps({"facts": facts, "records": records}, indent=1))
-    print(f"copy bandwidth {bw:.2f} TB/s; decode chain of layer {layer} ({len(chain)} kernels): "
-          f"{t_chain * 1e6:.2f} us per layer with PDL, {t_chain_off * 1e6:.2f} without (sum of kernels alone "
-          f"{alone:.2f} / {alone_off:.2f} us)")
-    print(f"{'kernel':<28}{'tokens':>7}{'us':>10}{'no-PDL us':>11}{'TB/s':>8}{'base us':>10}{'x':>7}")
-    for r in records:
-        b = r["baseline_us"]
-        base = f"{b:10.2f}{b / r['us']:7.1f}" if b else f"{'-':>10}{'-':>7}"
-        print(f"{r['kernel']:<28}{r['tokens']:>7}{r['us']:>10.2f}{r['us_no_pdl']:>11.2f}{r['tb_s']:>8.2f}{base}")
-    print(f"wrote {path}")
-    return 0
+    return {"layer": layer, "kernels": [ln.kernel.template for _, _, ln in chain], "us_per_layer": t_chain * 1e6,
+            "us_per_layer_no_pdl": t_chain_off * 1e6, "sum_of_alone_us": alone,
+            "sum_of_alone_us_no_pdl": alone_off, "pdl": bool(calls[0][0].OPTIONS["launch_pdl"])}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,228 @@
+"""Decode attention (`attention_decode`, issue 9) of one TP-8 rank of Beam, timed on the GPU beside torch SDPA.
+
+Imported by `bench/kernels.py` (`bench_cases(graph_time, copy_bw)`; graph_time(fn, reps) -> seconds per call in a
+CUDA graph); the records join its JSON. Batch 1 (one query token), 6 query heads / 1 KV head of 128:
+- full layer (paged cache, pages of 16, a shuffled block table) at 8K, 32K and 100K context, bf16 and fp8 e4m3 KV;
+- sliding layer (window 512, ring of 512 positions) at position 4096, bf16 and fp8 KV;
+each: the kernel as rendered by default (split rule `num_splits`), then a sweep of tile configs (BLOCK_N, num_warps,
+num_stages) x split counts, the best recorded beside the default; baseline torch SDPA
+(`scaled_dot_product_attention`, enable_gqa) on the same context as contiguous bf16 K/V [1, 1, L, 128] (fp8: the
+dequantised values; SDPA has no fp8 or paged input), in a CUDA graph. TB/s = K and V bytes of the context read
+(the cache dtype) / time; outputs checked against attention_ref (rel err, printed and recorded).
+
+    python bench/attention_decode.py --dry     # the tiny fp32 path under Triton's CPU interpreter (no timing meaning)
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+if __name__ == "__main__" and "--dry" in sys.argv:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from beamc.codegen.kernel import KernelSpec, load_kernel  # noqa: E402
+from beamc.spec import load_spec  # noqa: E402
+from test_kernels_attention_decode import TEMPLATE, constants, make_case, reference  # noqa: E402
+
+PAGE = 16
+# (BLOCK_N, NUM_WARPS, NUM_STAGES or None: Triton's default) swept beside the default render
+CONFIGS = ((64, 4, None), (128, 4, None), (32, 4, None), (64, 4, 2), (64, 4, 1), (128, 8, 2))
+FULL_SPLITS = (32, 64, 128, 256, 512)
+SLIDING_SPLITS = (1, 2, 4, 8)
+
+
+def _cases(dry: bool) -> list[tuple[str, str, int]]:
+    """(kind, kv dtype, context)."""
+    if dry:
+        return [("full", "f32", 64), ("full", "f8e4m3", 200), ("sliding", "f32", 100)]
+    return ([("full", kv, n) for n in (8192, 32768, 100_000) for kv in ("bf16", "f8e4m3")]
+            + [("sliding", kv, 4096) for kv in ("bf16", "f8e4m3")])
+
+
+def _constants(kind: str, kv: str, dry: bool, **extra) -> dict:
+    if dry:  # tiny fp32: 6 query heads / 1 KV head of 32, window 32, blocks of 16
+        return constants(6, 1, 32, 32 if kind == "sliding" else 0, "f32", kv, PAGE if kind == "full" else None,
+                         BLOCK_N=16, **extra)
+    a = load_spec(ROOT / "models/beam.yaml").attention
+    window = load_spec(ROOT / "models/beam.yaml").effective_window
+    return constants(a.num_heads // 8, max(a.num_kv_heads // 8, 1), a.head_dim, window if kind == "sliding" else 0,
+                     "bf16", kv, PAGE if kind == "full" else None, **extra)
+
+
+def _config(block_n, warps, stages) -> dict:
+    c = dict(BLOCK_N=block_n, NUM_WARPS=warps)
+    if stages is not None:
+        c["NUM_STAGES"] = stages
+    return c
+
+
+def _sdpa_fn(case, c, keys: int):
+    """torch SDPA over the token's context as contiguous bf16 (or fp32 when dry) K/V, GQA."""
+    import torch.nn.functional as F
+
+    q, kc, vc, slot, pos, *extras = case["args"]
+    p = int(pos[0])
+    kpos = torch.arange(p + 1 - keys, p + 1, device=q.device)
+    if c["PAGED"]:
+        bt = extras[0]
+        rows = (bt[0, kpos // c["PAGE_SIZE"]].long(), kpos % c["PAGE_SIZE"])
+    else:
+        rows = (torch.zeros_like(kpos), kpos % kc.shape[1])
+    dt = q.dtype
+    if c["CACHE_DTYPE"] == "f8e4m3":
+        ks, vs = extras[-2:]
+        k, v = (kc.float()[rows] * ks).to(dt), (vc.float()[rows] * vs).to(dt)
+    else:
+        k, v = kc[rows].to(dt), vc[rows].to(dt)
+    k = k.permute(1, 0, 2)[None].contiguous()  # [1, HKV, L, D]
+    v = v.permute(1, 0, 2)[None].contiguous()
+    qq = q.permute(1, 0, 2)[None].contiguous()  # [1, HQ, 1, D]
+    out = torch.empty_like(qq)
+
+    def fn():
+        out.copy_(F.scaled_dot_product_attention(qq, k, v, scale=c["SCALE"], enable_gqa=True))
+    return fn
+
+
+def _flashinfer_fn(case, c, keys: int, tensor_cores: bool = True):
+    """FlashInfer 0.7.2's tensor-core paged decode (BatchDecodeWithPagedKVCacheWrapper, NHD pages of 16, CUDA-graph
+    mode) over the token's last `keys` positions: the full layer reads our paged cache and block table as they are
+    (the same [P, 16, HKV, D] layout); the sliding layer's ring is copied into pages first (FlashInfer has no ring)
+    and read whole (its 512 positions are the window). fp8 caches with their scales. None when FlashInfer is absent
+    (`../shared/tools/stage_flashinfer.sh` makes it run on the H200)."""
+    try:  # the staged bundle's flashinfer/__init__.py is trimmed: the wrappers come from their submodules
+        from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
+    except ImportError:
+        return None
+    q, kc, vc, slot, pos, *extras = case["args"]
+    p = int(pos[0])
+    dev = q.device
+    npages = -(-keys // PAGE)
+    if c["PAGED"]:
+        assert keys == p + 1, "full layer: the whole context"
+        kpages, vpages, indices = kc, vc, extras[0][0, :npages].to(torch.int32)
+    else:  # the ring's last `keys` positions, in order, into fresh pages
+        kpos = torch.arange(p + 1 - keys, p + 1, device=dev)
+        rows = kpos % kc.shape[1]
+        kpages = torch.zeros(npages * PAGE, *kc.shape[2:], dtype=kc.dtype, device=dev)
+        vpages = torch.zeros_like(kpages)
+        kpages[:keys], vpages[:keys] = kc[0, rows], vc[0, rows]
+        kpages, vpages = kpages.view(npages, PAGE, *kc.shape[2:]), vpages.view(npages, PAGE, *kc.shape[2:])
+        indices = torch.arange(npages, dtype=torch.int32, device=dev)
+    fp8 = c["CACHE_DTYPE"] == "f8e4m3"
+    ks, vs = (float(extras[-2]), float(extras[-1])) if fp8 else (None, None)
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    indptr = torch.tensor([0, npages], dtype=torch.int32, device=dev)
+    last = torch.tensor([keys - (npages - 1) * PAGE], dtype=torch.int32, device=dev)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+                                                      paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices,
+                                                      paged_kv_last_page_len_buffer=last)
+    w.plan(indptr, indices, last, c["HQ"], c["HKV"], c["HEAD_DIM"], PAGE, pos_encoding_mode="NONE",
+           q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=c["SCALE"])
+    out = torch.empty_like(q)
+
+    def fn():
+        w.run(q, (kpages, vpages), out=out, k_scale=ks, v_scale=vs)
+    return fn
+
+
+def bench_cases(graph_time, copy_bw: float, device: str = "cuda", dry: bool = False) -> list[dict]:
+    kdir = tempfile.mkdtemp(prefix="beamc_bench_attn_")
+    records = []
+    for kind, kv, n in _cases(dry):
+        c = _constants(kind, kv, dry)
+        mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), kdir)
+        cap = c["WINDOW"] if kind == "sliding" else None  # a ring of window - 1 + 1 positions
+        case = make_case(c, [(0, [n - 1])], cap=cap, seed=n, device=device, scales=(0.02, 0.01))
+        args = case["args"]
+        keys = min(n, c["WINDOW"] or n)
+        max_ctx = args[5].shape[1] * PAGE if c["PAGED"] else args[1].shape[1]
+        out = torch.full_like(args[0], float("nan"))
+        scratch = torch.empty(mod.scratch_numel(1), dtype=torch.float32, device=device)
+        reps = 50
+        t = graph_time(lambda: mod.launch(*args, out, scratch=scratch), reps)
+        want = reference(c, case, fp32=True)
+        err = ((out.float() - want.float()).norm() / want.float().norm()).item()
+        nbytes = 2 * keys * c["HKV"] * c["HEAD_DIM"] * args[1].element_size()
+        flops = 4 * c["HQ"] * c["HEAD_DIM"] * keys
+        sweep = []
+        for cfg in CONFIGS[:1] if dry else CONFIGS:
+            m = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, **_config(*cfg))), kdir)
+            for s in (SLIDING_SPLITS if kind == "sliding" else FULL_SPLITS)[: 2 if dry else None]:
+                if s > triton_cdiv(keys, m.BLOCK_N):
+                    continue
+                sc = torch.empty(m.scratch_numel(1, s), dtype=torch.float32, device=device)
+                try:
+                    ts = graph_time(lambda: m.launch(*args, out, scratch=sc, splits=s), reps)
+                except Exception as e:  # noqa: BLE001 - a config that does not compile / launch: say so, go on
+                    sweep.append(dict(block_n=cfg[0], warps=cfg[1], stages=cfg[2], splits=s, error=repr(e)[:200]))
+                    continue
+                sweep.append(dict(block_n=cfg[0], warps=cfg[1], stages=cfg[2], splits=s, us=ts * 1e6,
+                                  tb_s=nbytes / ts / 1e12))
+        timed = [x for x in sweep if "us" in x]
+        best = min(timed, key=lambda x: x["us"]) if timed else None
+        try:
+            tb = graph_time(_sdpa_fn(case, c, keys), reps) * 1e6
+        except Exception as e:  # noqa: BLE001 - the baseline may lack a backend for these shapes
+            print(f"attention_decode baseline {kind} {kv} {n}: {type(e).__name__}: {e}")
+            tb = None
+        fi, fi_note = None, "FlashInfer not installed"
+        if not dry:
+            # the tensor-core decode (FlashInfer runs its FA2 prefill module) for bf16, the CUDA-core decode module for
+            # fp8: the modules `stage_flashinfer.sh` built here (a missing one would JIT-compile for minutes there)
+            for tc in ((True,) if kv == "bf16" else (False,)):
+                try:
+                    f = _flashinfer_fn(case, c, keys, tensor_cores=tc)
+                    if f is not None:
+                        fi = graph_time(f, reps) * 1e6
+                        fi_note = f"FlashInfer 0.7.2 {'tensor-core' if tc else 'CUDA-core'} paged decode, CUDA graph"
+                    break
+                except Exception as e:  # noqa: BLE001 - a module not staged for this variant: say so, go on
+                    fi_note = f"FlashInfer failed: {type(e).__name__}: {str(e)[:200]}"
+        rec = {"kernel": f"attention_decode {kind} {'paged' if c['PAGED'] else 'ring'}", "op": "attention",
+               "tokens": 1, "us": t * 1e6, "tb_s": nbytes / t / 1e12, "tflops": flops / t / 1e12,
+               "baseline": "torch SDPA (enable_gqa) on the context as contiguous bf16 K/V, CUDA graph",
+               "baseline_us": tb, "flashinfer_us": fi, "flashinfer": fi_note, "context": n, "keys": keys, "kv_dtype": kv, "bytes": nbytes,
+               "splits": mod.num_splits(1, max_ctx), "config": dict(BLOCK_N=mod.BLOCK_N, NUM_WARPS=mod.NUM_WARPS),
+               "rel_err": err, "best": best, "sweep": sweep, "copy_tb_s": copy_bw,
+               "roofline_us": nbytes / (copy_bw * 1e12) * 1e6}
+        print(f"attention_decode {kind:8s} {kv:7s} ctx {n:>6}: {rec['us']:7.2f} us {rec['tb_s']:5.2f} TB/s "
+              f"(splits {rec['splits']}), best {best['us'] if best else float('nan'):7.2f} us "
+              f"[{best and {k: best[k] for k in ('block_n', 'warps', 'stages', 'splits')}}], "
+              f"SDPA {tb if tb else float('nan'):7.2f} us, FlashInfer {fi if fi else float('nan'):7.2f} us, "
+              f"rel err {err:.2e}")
+        records.append(rec)
+    return records
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def main() -> int:
+    import json
+
+    dry = "--dry" in sys.argv
+    if dry:
+        recs = bench_cases(lambda fn, reps: (fn(), 1e-6)[1], 1.0, device="cpu", dry=True)
+        assert all(r["rel_err"] < 1e-5 for r in recs), [r["rel_err"] for r in recs]
+    else:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import kernels
+
+        bw = kernels.copy_bandwidth()
+        recs = bench_cases(kernels.graph_time, bw)
+    print(json.dumps([{k: v for k, v in r.items() if k != "sweep"} for r in recs], indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The prefill NVFP4 MoE experts kernel (`moe_nvfp4_prefill`, issue 8) at one TP-8 rank of Beam, beside torch.
+
+Imported by `bench/kernels.py` (`bench_cases(graph_time, copy_bw)`; `graph_time(fn, reps)` gives the seconds of one
+`fn()` replayed in a CUDA graph); its records join that JSON:
+- 16384 tokens x top-8 of 256 experts (k distinct random experts per token: ~512 rows per expert) at the TP-8
+  shapes (H 5120, I 320), bf16 activations, NVFP4 weights: the generated kernel (all five launches: the sort and
+  the two grouped GEMMs), TFLOP/s = 2 x pairs x 3 x H x I / time, TB/s = (all experts' NVFP4 bytes + x + y) / time;
+- the torch baseline in the same run, on the experts' bf16 dequantised weights (what the reference multiplies):
+  pairs sorted by expert on the device (argsort, scatter_add counts, cumsum), x rows gathered, torch._grouped_mm
+  (gate_up), SwiGLU in fp32, torch._grouped_mm (down), rows scattered back to [T, k, H]; where _grouped_mm is
+  missing or refuses, one torch.mm per expert on host-known row ranges (routing fixed for the run);
+- the same kernel with other tiles (BLOCK_M 256 with 2 stages; BLOCK_M 64 with 4 warps), to choose the default from;
+- the kernel rendered with NATIVE_FP4 (tl.dot_scaled; the sm100 path, emulated by Triton on sm_90) where the
+  installed Triton compiles it (>= 3.9; 3.6 rejects a bf16 operand with e4m3 scales): a record, or the reason.
+The kernel's y is checked against the baseline's (relative error < 1e-2) after the timing.
+    python bench/moe_prefill.py [--tokens 16384]     (standalone: prints the records)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from beamc.codegen.kernel import KernelSpec, load_kernel  # noqa: E402
+from beamc.spec import load_spec  # noqa: E402
+
+TEMPLATE = "moe_nvfp4_prefill"
+TOKENS = 16384
+# (record label, render constants beside the node's): the default tiles, two alternatives to choose from, the
+# sm100 path (emulated on sm_90)
+VARIANTS = (
+    ("moe_nvfp4_prefill", {}),
+    ("moe_nvfp4_prefill BLOCK_M=256 stages=2", dict(BLOCK_M=256, NUM_STAGES=2)),
+    ("moe_nvfp4_prefill BLOCK_M=64 warps=4", dict(BLOCK_M=64, NUM_WARPS=4)),
+    ("moe_nvfp4_prefill native_fp4", dict(NATIVE_FP4=True)),
+)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _baseline(x, idx, gu, dn, I: int, y):
+    """(fn, label): the torch route on bf16 weights gu [E, 2I, H], dn [E, H, I], writing y [T, k, H]."""
+    T, k = idx.shape
+    E, H = gu.shape[0], x.shape[1]
+    flat = idx.flatten()
+    ones = torch.ones_like(flat, dtype=torch.int32)
+    counts = torch.zeros(E, dtype=torch.int32, device=x.device)
+    yf = y.view(T * k, H)
+    gu_t, dn_t = gu.transpose(-2, -1), dn.transpose(-2, -1)  # [E, H, 2I], [E, I, H]: column-major, as _grouped_mm wants
+
+    def grouped():
+        order = torch.argsort(flat, stable=True)
+        counts.zero_()
+        counts.scatter_add_(0, flat, ones)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        xs = x[order // k]
+        h = torch._grouped_mm(xs, gu_t, offs=offs)
+        a = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(x.dtype)
+        yf[order] = torch._grouped_mm(a, dn_t, offs=offs)
+
+    if hasattr(torch, "_grouped_mm"):
+        try:
+            grouped()
+            torch.cuda.synchronize()
+            return grouped, "torch._grouped_mm (bf16 dequantised weights) + SwiGLU + sort/gather/scatter, CUDA graph"
+        except Exception as e:  # noqa: BLE001 - fall back to the per-expert loop
+            print(f"torch._grouped_mm unavailable here ({type(e).__name__}: {e}); per-expert torch.mm instead")
+    order = torch.argsort(flat, stable=True)
+    cnt = torch.bincount(flat, minlength=E).tolist()  # host-known (outside the graph)
+    bounds = [0]
+    for c in cnt:
+        bounds.append(bounds[-1] + c)
+    xs_buf = torch.empty(T * k, H, dtype=x.dtype, device=x.device)
+    out_buf = torch.empty_like(xs_buf)
+
+    def loop():
+        torch.index_select(x, 0, order // k, out=xs_buf)
+        for e in range(E):
+            a, b = bounds[e], bounds[e + 1]
+            if a == b:
+                continue
+            h = xs_buf[a:b] @ gu[e].t()
+            s = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(x.dtype)
+            torch.mm(s, dn[e].t(), out=out_buf[a:b])
+        yf[order] = out_buf
+
+    return loop, "torch.mm per expert (bf16 dequantised weights) + SwiGLU + gather/scatter, CUDA graph"
+
+
+def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", tokens: int = TOKENS) -> list[dict]:
+    import tempfile
+
+    import triton
+
+    from beamc.ir.reference import expert_weights
+    from test_kernels_moe import distinct_idx, moe_constants, nvfp4_experts
+
+    c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
+    E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
+    kdir = tempfile.mkdtemp(prefix="beamc_bench_moe_prefill_")
+    params = nvfp4_experts(E, H, I, torch.Generator().manual_seed(0), device=device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(tokens, H, generator=g).bfloat16().to(device)
+    idx = distinct_idx(tokens, E, k, g).to(device)
+    P = tokens * k
+    flops = 2 * P * 3 * H * I
+    nbytes = sum(p.numel() * p.element_size() for p in params) + x.numel() * 2 + P * H * 2
+
+    pairs = [expert_weights(params, "nvfp4", e, torch.bfloat16) for e in range(E)]
+    gu, dn = torch.stack([a for a, _ in pairs]), torch.stack([b for _, b in pairs])
+    del pairs
+    y_base = torch.full((tokens, k, H), float("nan"), dtype=torch.bfloat16, device=device)
+    base_fn, base_label = _baseline(x, idx, gu, dn, I, y_base)
+    tb = graph_time(base_fn, 3)
+    assert torch.isfinite(y_base).all(), "baseline: unwritten outputs"
+
+    out = []
+    for label, extra in VARIANTS:
+        rec = {"kernel": label, "op": "moe_experts", "tokens": tokens, "top_k": k, "shape": [E, H, I],
+               "baseline": base_label, "baseline_us": tb * 1e6, "baseline_tflops": flops / tb / 1e12,
+               "bytes": nbytes, "triton": triton.__version__}
+        try:
+            mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **extra)), kdir)
+            y = torch.full((tokens, k, H), float("nan"), dtype=torch.bfloat16, device=device)
+            scratch = torch.empty(mod.scratch_numel(tokens), dtype=torch.bfloat16, device=device)
+            t = graph_time(lambda: mod.launch(x, idx, *params, y, scratch), 3)
+            assert torch.isfinite(y).all(), f"{label}: unwritten outputs"
+            rec.update(us=t * 1e6, tb_s=nbytes / t / 1e12, tflops=flops / t / 1e12, rel_err_vs_baseline=_rel(y, y_base),
+                       tiles=dict(BLOCK_M=mod.BLOCK_M, BLOCK_N=mod.BLOCK_N, BLOCK_K=mod.BLOCK_K,
+                                  BLOCK_N2=mod.BLOCK_N2, BLOCK_K2=mod.BLOCK_K2, NUM_WARPS=mod.NUM_WARPS,
+                                  NUM_STAGES=mod.NUM_STAGES),
+                       blocks=int(mod.sizes(tokens)["NB"]))
+            assert rec["rel_err_vs_baseline"] < 1e-2, rec
+        except Exception as e:  # noqa: BLE001 - e.g. the native path needs Triton >= 3.9: say why, keep the run
+            if not extra:  # the default must work; a variant says why it did not
+                raise
+            rec.update(us=None, tb_s=None, tflops=None, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        if copy_bw:
+            rec["copy_tb_s"] = copy_bw
+        out.append(rec)
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=TOKENS)
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from kernels import graph_time
+
+    for r in bench_cases(graph_time, tokens=args.tokens):
+        print(json.dumps(r))
