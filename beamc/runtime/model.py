@@ -550,6 +550,66 @@ class Model:
         self.page_owner[self.page_owner == s.slot] = -1
         self._dirty.add(s.slot)
 
+    def fill_context(self, seq_id: Hashable, length: int, seed: int = 0, block_table=None) -> None:
+        """Benchmarks only: start a new sequence as if `length` tokens had been prefilled, without computing them:
+        it takes a free slot (and its pages, or the pages of `block_table`, checked like a step's), its length
+        becomes `length`, and its cache rows (every page covering [0, length), its whole ring) are filled with
+        random N(0, 1) values in the cache dtype. The next decode or prefill continues at position `length`."""
+        if not _hashable(seq_id) or seq_id in self.seqs:
+            raise BeamcError(f"seq {seq_id!r}", "fill_context starts a new sequence: this one is live (or not "
+                             "hashable)", "release it first")
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length < self.max_context:
+            raise BeamcError(f"seq {seq_id!r}", f"fill_context length {length!r} outside [1, max_context="
+                             f"{self.max_context})", "leave room for the tokens to come")
+        used = {s.slot for s in self.seqs.values()}
+        free = [s for s in range(self.max_batch) if s not in used]
+        if not free:
+            raise BeamcError(f"seq {seq_id!r}", f"all max_batch={self.max_batch} slots are held",
+                             "release a sequence or raise max_batch")
+        slot = free[0]
+        pages = None
+        if self.paged:
+            if block_table is not None:
+                pages = self._check_table(seq_id, block_table)
+                self._check_owners({seq_id: pages}, {seq_id: slot})
+            elif self.caller_pages:
+                raise BeamcError(f"seq {seq_id!r}", f"no block table: the pool of num_pages={self.num_pages} is "
+                                 "managed by the caller", "pass block_table")
+            else:
+                own = torch.tensor(self._default_pages(slot))
+                if bool((self.page_owner[own] >= 0).any()):
+                    raise BeamcError(f"seq {seq_id!r}", "its slot's pages are held by another sequence's block "
+                                     "table", "pass block_table")
+            have = (len(pages) if pages is not None else self.pages_per_seq) * self.page_size
+            if length > have:
+                raise BeamcError(f"seq {seq_id!r}", f"{length} positions do not fit its {have // self.page_size} "
+                                 "pages", "give the sequence more pages")
+        # ---- commit (as a step would), then fill the rows
+        self.seqs[seq_id] = _Seq(slot, block_table=pages)
+        if self.paged:
+            row = self._row(pages) if pages is not None else torch.tensor(self._default_pages(slot), dtype=torch.int32)
+            self.page_owner[(pages if pages is not None else row).long()] = slot
+            self.block_table_cpu[slot] = row
+            self.block_table[slot].copy_(row)
+        self.slots.lengths[slot] = length
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        g = self.bufs["decode" if "decode" in self.bufs else "prefill"].graph
+        used_pages = self.block_table_cpu[slot][: -(-length // self.page_size)].long().to(self.device)
+        for name, node in g.leaves("state").items():
+            t = self.states[name]
+            if node.out.shape[0] == "P":  # pages of the pool: those covering [0, length), a chunk of them at a time
+                per = max(1, (1 << 24) // max(1, t[0].numel()))
+                for a in range(0, len(used_pages), per):
+                    idx = used_pages[a:a + per]
+                    vals = torch.randn((len(idx), *t.shape[1:]), generator=gen, device=self.device,
+                                       dtype=torch.float32).to(t.dtype)
+                    if t.dtype.itemsize == 1:  # index_copy_ of fp8: as bytes
+                        t.view(torch.uint8).index_copy_(0, idx, vals.view(torch.uint8))
+                    else:
+                        t.index_copy_(0, idx, vals)
+            else:  # a ring per slot: the whole ring of this slot
+                t[slot].copy_(torch.randn(t.shape[1:], generator=gen, device=self.device, dtype=torch.float32))
+
     # ------------------------------------------------------------ one step
     def _step(self, phase: str, seq_ids: list, chunks: list[list[int]], starts, block_tables, all_logits: bool):
         n = len(seq_ids)
