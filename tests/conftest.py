@@ -98,6 +98,23 @@ def run_interpreted(argv: list[str], out: Path) -> dict:
     return json.loads(Path(out).read_text())
 
 
+def interpret_cases(out: str, cases, check) -> None:
+    """In the interpreter's child process: `check(name)` for every case name, each result (a dict) or the traceback
+    of its failure recorded under the name (`error`), written to `out` as JSON for the tests of each case."""
+    import json
+    import os
+    import traceback
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    results = {}
+    for name in cases:
+        try:
+            results[name] = check(name)
+        except Exception:  # noqa: BLE001 - reported by the test of that case
+            results[name] = dict(error=traceback.format_exc())
+    Path(out).write_text(json.dumps(results))
+
+
 def run_interpreted_main(module: str, out: Path) -> dict:
     """run_interpreted for a test module that has `_interpreted_main(out)`."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 import multiprocessing
 import os
 import re
@@ -30,7 +29,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
 from beamc.ir.reference import attention_ref, kv_store
-from conftest import assert_template_contract, run_interpreted_main
+from conftest import assert_template_contract, interpret_cases, run_interpreted_main
 from test_kernels_attn_router import SMEM_LIMIT, check_pdl_ptx, pdl_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,18 +179,9 @@ def _max_context(mod, case) -> int:
 
 
 def _interpreted_main(out: str) -> None:
-    """In a child with TRITON_INTERPRET=1: every case -> {name: {"ok", "runs" | "error"}}."""
-    import traceback
-
-    assert os.environ.get("TRITON_INTERPRET") == "1"
+    """In a child with TRITON_INTERPRET=1: every case -> {name: {"runs"} | {"error"}}."""
     directory = Path(out).parent / "kernels"
-    results = {}
-    for name in CASES:
-        try:
-            results[name] = dict(ok=True, runs=check_case(name, directory))
-        except Exception:  # noqa: BLE001 - reported by the test of that case
-            results[name] = dict(ok=False, error=traceback.format_exc())
-    Path(out).write_text(json.dumps(results))
+    interpret_cases(out, CASES, lambda name: dict(runs=check_case(name, directory)))
 
 
 @pytest.fixture(scope="module")
@@ -204,14 +194,14 @@ def interpreted(tmp_path_factory) -> dict:
 def test_interpreted_fp32_matches_reference(name, interpreted):
     """fp32 instance vs attention_ref, default and forced split counts (one split: stage 0 alone)."""
     r = interpreted[name]
-    assert r["ok"], r.get("error")
+    assert "error" not in r, r["error"]
     errs = [x["err"] for x in r["runs"]]
     assert max(errs) < 1e-5, r["runs"]
 
 
 def test_interpreted_cases_cover_the_paths(interpreted):
     """The default split counts exercise both the one-stage (splits == 1) and the two-stage path."""
-    used = [x["used"] for r in interpreted.values() if r["ok"] for x in r["runs"]]
+    used = [x["used"] for r in interpreted.values() if "error" not in r for x in r["runs"]]
     assert 1 in used and max(used) >= 8, used
 
 

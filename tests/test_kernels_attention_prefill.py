@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import multiprocessing
 import os
@@ -31,7 +30,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
 from beamc.ir.reference import attention_ref, kv_store
-from conftest import assert_template_contract, run_interpreted_main
+from conftest import assert_template_contract, interpret_cases, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,17 +145,8 @@ def check_case(name: str, directory: Path) -> dict:
 
 def _interpreted_main(out: str) -> None:
     """Run in a subprocess with TRITON_INTERPRET=1: every case -> {name: {err, tiles} or {error}}."""
-    import traceback
-
-    assert os.environ.get("TRITON_INTERPRET") == "1"
     directory = Path(out).parent / "kernels"
-    results = {}
-    for name in CASES:
-        try:
-            results[name] = check_case(name, directory)
-        except Exception:  # noqa: BLE001 - reported by the test of that case
-            results[name] = dict(error=traceback.format_exc())
-    Path(out).write_text(json.dumps(results))
+    interpret_cases(out, CASES, lambda name: check_case(name, directory))
 
 
 @pytest.fixture(scope="module")

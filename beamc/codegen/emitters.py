@@ -157,7 +157,7 @@ def _small_m(node: Node, g: Graph, ctx: Context, library_launches: list[Launch])
         return library_launches
     from beamc.codegen.choices import choose
 
-    x, w = node.inputs[0], node.inputs[1]
+    x = node.inputs[0]
     K = last_dim(x)
     N = node.out.shape[-1] if node.op != "linear_packed" else sum(node.attrs["splits"])
     c = choose(ctx.target, node.op, K, N, GEMV_MAX_TOKENS)
