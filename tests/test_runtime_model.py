@@ -388,3 +388,73 @@ def test_sampling_greedy_temperature_top_p():
     with pytest.raises(BeamcError, match="top_p"):
         sample(logits, 1.0, 0.0)
 
+
+
+# ---------------------------------------------------------------- TP 2: one process per rank, torch.distributed
+def _tp_rank_main(out: str, spec_yaml: str, ckpt: str, rank: int, port: int) -> None:
+    """One rank's process (TRITON_INTERPRET=1, gloo): its TP-2 package and weights, a ragged prefill and a decode
+    step; the all-reduces and the logits all-gather go through torch.distributed. Writes the logits."""
+    import torch.distributed as dist
+
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.model import Model
+    from beamc.spec import load_spec
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
+    spec = load_spec(spec_yaml)
+    pkg = compile_package(spec, tp=2, rank=rank, passes=select_passes("all"), dtype="f32").write(
+        Path(out).parent / f"pkg_rank{rank}")
+    m = Model.load(pkg, ckpt, device="cpu", tp=2, rank=rank, max_batch=2, max_context=16, max_prefill_tokens=8,
+                   prefill_buckets=[8])
+    seqs = [_ids(5, 30), _ids(2, 31)]
+    prefill = m.prefill(["x", "y"], seqs)
+    decode = m.decode(["x", "y"], [11, 12])
+    dist.barrier()
+    dist.destroy_process_group()
+    Path(out).write_text(json.dumps({"prefill": prefill.tolist(), "decode": decode.tolist(), "seqs": seqs}))
+
+
+def test_tp2_ranks_in_two_processes_equal_the_reference_session(spec_yaml, tiny_ckpt, tmp_path):
+    """TP 2 as deployed: a process per rank, each with its own package and weight slices, collectives through
+    torch.distributed (gloo here, NCCL on GPUs); both ranks' logits equal the reference session's at TP 2."""
+    import os
+    import socket
+
+    from beamc.runtime.session import ReferenceSession
+    from beamc.spec import load_spec
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs, outs = [], []
+    for rank in (0, 1):
+        out = tmp_path / f"rank{rank}" / "out.json"
+        out.parent.mkdir()
+        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
+                f"t._tp_rank_main({str(out)!r}, {str(spec_yaml)!r}, {str(tiny_ckpt)!r}, {rank}, {port})")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      env={**os.environ, "TRITON_INTERPRET": "1"}))
+        outs.append(out)
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(x[-3000:] for x in logs)
+    got = [json.loads(o.read_text()) for o in outs]
+    spec = load_spec(spec_yaml)
+    ref = ReferenceSession.from_checkpoint(spec, tiny_ckpt, tp=2, max_seqs=2, max_len=16, max_chunk=8)
+    seqs = got[0]["seqs"]
+    want_prefill = torch.stack([x[-1] for x in ref.prefill(list(enumerate(seqs)))])
+    want_decode = ref.decode({0: 11, 1: 12})
+    for g in got:
+        assert rel_err(torch.tensor(g["prefill"]), want_prefill) < 1e-5
+        assert rel_err(torch.tensor(g["decode"]), want_decode) < 1e-5
+
+
+def test_tp2_without_a_process_group_is_refused(tiny_spec, tmp_path):
+    """An all-reduce without a process group would copy its input: silently wrong logits. Refused at load."""
+    from beamc.runtime.model import check_process_group
+
+    with pytest.raises(BeamcError, match="torch.distributed"):
+        check_process_group(2, 0)
+    check_process_group(2, 0, allow_single=True)  # a benchmark of one rank's share, which says so
+    check_process_group(1, 0)

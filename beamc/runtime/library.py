@@ -54,6 +54,8 @@ def gather_rows(x, rows, out):
 
 
 def all_reduce(x, out):
+    """The ranks' sum through torch.distributed (one process per rank; `Model.load` refuses tp > 1 without a
+    process group). Without one (tp = 1, or a benchmark of one rank's share that skips collectives): a copy."""
     import torch.distributed as dist
 
     out.copy_(x)
@@ -62,8 +64,17 @@ def all_reduce(x, out):
 
 
 def all_gather(x, out):
+    """The ranks' parts concatenated along the last dim, cut to out's width (a padded vocabulary). A benchmark of one
+    rank's share (BEAMC_SKIP_COLLECTIVES=1, no process group): this rank's part, the rest zeros."""
     import torch.distributed as dist
 
+    from beamc.runtime.model import collectives_skipped
+
+    if collectives_skipped() and not dist.is_initialized():
+        n = min(x.shape[-1], out.shape[-1])
+        out[..., :n].copy_(x[..., :n])
+        out[..., n:].zero_()
+        return
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, x)
     cat = torch.cat(parts, dim=-1)

@@ -249,6 +249,33 @@ class _Seq:
     block_table: torch.Tensor | None = None  # caller-supplied pages (int32), None: the slot's own
 
 
+
+SKIP_COLLECTIVES_ENV = "BEAMC_SKIP_COLLECTIVES"  # benchmarks of one rank's share on one GPU (bench/full_model.py)
+
+
+def collectives_skipped() -> bool:
+    import os
+
+    return os.environ.get(SKIP_COLLECTIVES_ENV, "") == "1"
+
+
+def check_process_group(tp: int, rank: int, allow_single: bool = False) -> None:
+    """tp > 1: the step's all-reduces and all-gathers go through torch.distributed, one process per rank, so the
+    process group must exist and say the same world size and rank (without it an all-reduce would copy its input:
+    silently wrong logits). `allow_single`: a benchmark of one rank's share that says it skips the collectives."""
+    if tp == 1 or allow_single:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise BeamcError("Model.load", f"tp = {tp} needs torch.distributed: one process per rank, the group "
+                         "initialised before loading", "launch with `torchrun --nproc-per-node N` and call "
+                         "torch.distributed.init_process_group() (nccl on GPUs, gloo on CPU) first")
+    if dist.get_world_size() != tp or dist.get_rank() != rank:
+        raise BeamcError("Model.load", f"the package is rank {rank} of {tp}, this process is rank "
+                         f"{dist.get_rank()} of {dist.get_world_size()}", "load the package compiled for this "
+                         "process's rank (`beamc compile SPEC --tp N --rank R -o DIR`)")
+
 class Model:
     """A loaded package: `prefill`, `decode`, `release` (see the module docstring)."""
 
@@ -306,6 +333,7 @@ class Model:
             raise BeamcError(str(pkg), "the package is not the one asked for: " + "; ".join(bad),
                              "compile a package with these settings (`beamc compile SPEC -o DIR --tp N --rank R "
                              "--target T`)")
+        check_process_group(tp, rank, allow_single=collectives_skipped())
         self.spec = resolve_spec(m, pkg, checkpoint, spec)
         self.tp, self.rank, self.dtype = tp, rank, pdt
         # ---- the package's graphs, rebuilt from the spec: the buffers every launch names, and a check that the
