@@ -271,8 +271,6 @@ def test_cli_generate(spec_yaml, tiny_ckpt):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["logits", "--input", "B", "-o", "O", "--backend", "compiled", "--passes", "none"],
-     "no kernel or library emitter for this op (run the fusion passes"),
     (["logits", "--input", "B", "-o", "O", "--backend", "compiled", "--dtype", "bf16"],
      "--dtype: bf16: on a CPU the compiled backend runs the fp32 package under Triton's interpreter"),
     (["logits", "--input", "B", "-o", "O", "--backend", "compiled", "--tp", "2"],
@@ -458,3 +456,29 @@ def test_tp2_without_a_process_group_is_refused(tiny_spec, tmp_path):
         check_process_group(2, 0)
     check_process_group(2, 0, allow_single=True)  # a benchmark of one rank's share, which says so
     check_process_group(1, 0)
+
+
+# ---------------------------------------------------------------- the unfused graph (the ablation's first row)
+def _unfused_main(out: str, spec_yaml: str, ckpt: str) -> None:
+    from beamc.codegen.package import compile_package
+    from beamc.runtime.model import Model
+    from beamc.runtime.session import ReferenceSession
+    from beamc.spec import load_spec
+
+    spec = load_spec(spec_yaml)
+    pkg = compile_package(spec, passes=[], dtype="f32").write(Path(out).parent / "pkg_unfused")
+    m = Model.load(pkg, ckpt, device="cpu", max_batch=2, max_context=32, max_prefill_tokens=16,
+                   prefill_buckets=[16])
+    ref = ReferenceSession.from_checkpoint(spec, ckpt, max_seqs=2, max_len=32, max_chunk=16)
+    seqs = [_ids(10, 40), _ids(4, 41)]
+    errs = [rel_err(m.prefill([0, 1], seqs), torch.stack([x[-1] for x in ref.prefill(list(enumerate(seqs)))])),
+            rel_err(m.decode([0, 1], [3, 4]), ref.decode({0: 3, 1: 4}))]
+    Path(out).write_text(json.dumps({"errs": errs}))
+
+
+def test_unfused_package_runs_and_equals_the_reference_session(spec_yaml, tiny_ckpt, tmp_path):
+    """A package compiled with no fusion pass (every IR op its own launch) runs through the same runtime."""
+    out = tmp_path / "unfused.json"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
+            f"t._unfused_main({str(out)!r}, {str(spec_yaml)!r}, {str(tiny_ckpt)!r})")
+    assert max(run_interpreted(["-c", code], out)["errs"]) < 1e-5

@@ -255,6 +255,37 @@ def _gather_rows(node: Node, g: Graph, ctx: Context) -> list[Launch]:
                     "for the runtime issue 10)")]
 
 
+# ---------------------------------------------------------------- unfused ops (`--passes none`: the ablation's first row)
+UNFUSED = ("add", "mul", "scale", "sigmoid", "embed", "rmsnorm", "rope", "q_scale", "linear_f32", "moe_select",
+           "moe_combine")
+
+
+@emits(*UNFUSED)
+def _unfused(node: Node, g: Graph, ctx: Context) -> list[Launch]:
+    """An op the fusion passes would have merged into a fused kernel: here its own launch, its torch reference (the
+    unfused graph of the ablation benchmark: every IR op one kernel, as the seed's starting point)."""
+    return [library(node, "reference_op", "unfused op through its torch reference (a package compiled without the "
+                    "fusion pass that absorbs it)", kwargs=(("op", node.op), ("n_in", len(node.inputs)), ("attrs", dict(node.attrs))))]
+
+
+@emits("swiglu")
+def _swiglu(node: Node, g: Graph, ctx: Context) -> list[Launch]:
+    return [kernel(node, "swiglu", ctx, F=last_dim(node.out), PACKED=False)]
+
+
+@emits("softcap")
+def _softcap(node: Node, g: Graph, ctx: Context) -> list[Launch]:
+    return [kernel(node, "softcap", ctx, V=last_dim(node.out), CAP=node.attrs["cap"])]
+
+
+@emits("kv_write")
+def _kv_write(node: Node, g: Graph, ctx: Context) -> list[Launch]:
+    """The unfused cache write (the kv_write pass folds it into qk_norm_pos_kv): the reference's scatter, without its
+    capacity check (the runtime's slot table checks every write before the step)."""
+    return [library(node, "kv_write", "unfused cache write through torch (the kv_write pass fuses it)",
+                    kwargs=(("paged", bool(node.attrs.get("paged"))),))]
+
+
 @emits("reshape")
 def _view(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [library(node, "view", "free: a view of its input, no launch")]

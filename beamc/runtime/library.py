@@ -43,6 +43,21 @@ def attention(q, kc, vc, slot, pos, *extras_and_out, window=None, scale=None, pa
     out.copy_(R.attention_ref(q, kc, vc, slot, pos, *extras, window=window, scale=scale, paged=paged))
 
 
+def reference_op(*tensors, op: str, n_in: int, attrs: dict):
+    """An unfused IR op through its torch reference: its n_in inputs in IR order, then its outputs (written here)."""
+    ins, outs = list(tensors[:n_in]), tensors[n_in:]
+    for o, r in zip(outs, R.REFS[op](ins, attrs), strict=True):
+        o.copy_(r)
+
+
+def kv_write(kc, vc, k, v, slot, pos, *extras, paged=False):
+    """The cache scatter of `kv_write_ref` without its capacity check (checked by the slot table before the step)."""
+    bt, k_scale, v_scale = R._split_extras(extras, paged)
+    rows = R.cache_rows(kc, slot, pos, bt)
+    kc[rows] = R.kv_store(k, kc.dtype, k_scale)
+    vc[rows] = R.kv_store(v, vc.dtype, v_scale)
+
+
 def moe_combine_scale(y, w, idx, out, scale=None):
     """One rank's MoE combine (x routed scale), before the all-reduce."""
     c = R.moe_combine_ref(y, w, idx)
