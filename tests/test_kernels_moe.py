@@ -370,14 +370,24 @@ def check_moe_bf16(tp: int, T: int, tiny, kdir) -> dict:
     idx = distinct_idx(T, E, k, g)
     y = torch.full((T, k, H), float("nan")).bfloat16()
     mod.launch(x, idx, *mod.relayout(params), y)
+    return compare_rounding_points(y, x, idx, params, round_weights=False)
+
+
+def compare_rounding_points(y, x, idx, params, round_weights: bool) -> dict:
+    """y (a bf16 kernel's output under the interpreter) against the reference's composition with every rounding to
+    bf16 done the interpreter's way: gate / up, h, y, and the dequantised weights when `round_weights` (the
+    prefill kernel rounds them as the reference does; the decode kernel applies the global scale to the sums)."""
+    T, k = idx.shape
     rnd = _interpreter_bf16_rounding()
     ref = []
     for t in range(T):
         for j in range(k):
             w_gu, w_dn = expert_weights(params, "nvfp4", int(idx[t, j]), torch.float32)
+            if round_weights:
+                w_gu, w_dn = rnd(w_gu), rnd(w_dn)
             gate, up = rnd(x[t].float() @ w_gu.T).chunk(2)
             ref.append(rnd(w_dn @ rnd(gate / (1 + torch.exp(-gate)) * up)))
-    ref = torch.stack(ref).view(T, k, H)
+    ref = torch.stack(ref).view(T, k, -1)
     err = ((y.float() - ref).norm() / ref.norm()).item()
     mismatch = (y.float() != ref).float().mean().item()  # sums in another order can move a rounding, rarely
     assert err < 1e-4 and mismatch < 1e-2, (err, mismatch)

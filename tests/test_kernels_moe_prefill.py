@@ -161,7 +161,7 @@ def run_bf16_case(kdir: Path) -> dict:
     """The bf16 variant (small tiles) in the interpreter, against the reference's composition with every rounding
     to bf16 done the interpreter's way (`test_kernels_moe._interpreter_bf16_rounding`): the rounding points
     (weights, gate / up, h, y) checked on CPU."""
-    from test_kernels_moe import _interpreter_bf16_rounding
+    from test_kernels_moe import compare_rounding_points
 
     E, H, I, k, T = 5, 64, 32, 2, 7
     c = prefill_constants(E, H, I, k, "bf16", BLOCK_M=16, SORT_CHUNK=16, NUM_WARPS=4, PDL=False)
@@ -172,18 +172,7 @@ def run_bf16_case(kdir: Path) -> dict:
     idx = routing("dup", T, E, k, g)
     y = torch.full((T, k, H), float("nan")).bfloat16()
     mod.launch(x, idx, *params, y)
-    rnd = _interpreter_bf16_rounding()
-    ref = []
-    for t in range(T):
-        for j in range(k):
-            w_gu, w_dn = (rnd(w) for w in expert_weights(params, "nvfp4", int(idx[t, j]), torch.float32))
-            gate, up = rnd(x[t].float() @ w_gu.T).chunk(2)
-            ref.append(rnd(w_dn @ rnd(gate / (1 + torch.exp(-gate)) * up)))
-    ref = torch.stack(ref).view(T, k, H)
-    err = ((y.float() - ref).norm() / ref.norm()).item()
-    mismatch = (y.float() != ref).float().mean().item()  # sums in another order can move a rounding, rarely
-    assert err < 1e-4 and mismatch < 1e-2, (err, mismatch)
-    return dict(rel_err=err, mismatch=mismatch)
+    return compare_rounding_points(y, x, idx, params, round_weights=True)
 
 
 def _interpreted_main(out: str) -> None:
