@@ -182,6 +182,33 @@ def _by_rule(counts) -> dict[str, int]:
     return out
 
 
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+
+def ablation_lines(results: Path = RESULTS) -> list[str]:
+    """One line per pass with its measured effect from the latest `bench/ablation.py` JSON (dry runs ignored);
+    no file, or one that does not read: no lines."""
+    try:
+        files = sorted(p for p in results.glob("ablation-*.json") if not p.stem.endswith("-dry"))
+        if not files:
+            return []
+        import json
+
+        facts = json.loads(files[-1].read_text())
+        rows = [r for r in facts["rows"] if "decode" in r and "prefill" in r]
+        lines = [f"measured effect of each pass ({files[-1].name}: TP-{facts['tp']} rank 0, {facts['env']['device']}, "
+                 f"decode batch 1 @ {facts['context']}, prefill {facts['batch']} x {facts['chunk']}):"]
+        for prev, r in zip(rows, rows[1:]):
+            added = [n for n in r["passes"] if n not in prev["passes"]]
+            name = ", ".join(added) if len(added) <= 2 else f"{added[0]} .. {added[-1]}"
+            dd, dp = r["decode"]["ms"] - prev["decode"]["ms"], r["prefill"]["ms"] - prev["prefill"]["ms"]
+            lines.append(f"    {name:<20} decode {prev['decode']['ms']:.3f} -> {r['decode']['ms']:.3f} ms ({dd:+.3f}), "
+                         f"prefill {prev['prefill']['ms']:.1f} -> {r['prefill']['ms']:.1f} ms ({dp:+.1f})")
+        return lines if len(lines) > 1 else []
+    except Exception:  # a partial or older file: print nothing rather than fail the compile
+        return []
+
+
 def compile_command(args: argparse.Namespace) -> None:
     spec = load_spec(args.spec)
     names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
@@ -196,6 +223,8 @@ def compile_command(args: argparse.Namespace) -> None:
               else f"    {name:<20} no match")
     if args.report:
         print(pass_report(spec, graphs["decode"], reports["decode"]))
+        for line in ablation_lines():
+            print(line)
     if getattr(args, "output", None):
         from beamc.codegen.package import compile_package
 

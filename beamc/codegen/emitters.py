@@ -257,7 +257,8 @@ def _gather_rows(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 
 # ---------------------------------------------------------------- unfused ops (`--passes none`: the ablation's first row)
 UNFUSED = ("add", "mul", "scale", "sigmoid", "embed", "rmsnorm", "rope", "q_scale", "linear_f32", "moe_select",
-           "moe_combine")
+           "moe_combine", "qk_norm_pos", "cast")  # qk_norm_pos: until the kv_write pass makes it qk_norm_pos_kv;
+# cast: the fp32 logits of a spec without a soft-cap
 
 
 @emits(*UNFUSED)
