@@ -34,7 +34,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -206,35 +205,11 @@ def markdown(facts: dict) -> str:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench/results"))
-    ap.add_argument("--spec", default=str(ROOT / "models/beam.yaml"))
-    ap.add_argument("--tp", type=int, default=8)
-    ap.add_argument("--context", type=int, default=102_400)
-    ap.add_argument("--chunk", type=int, default=2048, help="prefill tokens per sequence")
-    ap.add_argument("--batch", type=int, default=8, help="max_batch and the prefill's sequences")
-    ap.add_argument("--steps", type=int, default=30, help="timed decode replays per row (median)")
-    ap.add_argument("--reps", type=int, default=3, help="timed prefill replays per row (median)")
+    fm.add_common_args(ap, steps=30, reps=3)
     ap.add_argument("--rows", default=None, help="row indices / pass names, comma-separated (default: all 9)")
-    ap.add_argument("--experts", default=None, help="override dtypes.experts (e.g. bf16)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dry", action="store_true", help="the same code path on the tiny spec on a CPU (set "
-                    "TRITON_INTERPRET=1): bf16 experts, TP 2, context 40, 2 x 4-token prefill, 2 decode steps, "
-                    "1 prefill replay")
     a = ap.parse_args(argv)
-    if a.dry:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            raise SystemExit("--dry runs the generated kernels on the CPU: set TRITON_INTERPRET=1")
-        a.spec, a.tp, a.context, a.chunk, a.batch, a.steps, a.reps = \
-            str(ROOT / "models/beam-tiny.yaml"), 2, 40, 4, 2, 2, 1
-        a.experts = a.experts or "bfloat16"
-        device = torch.device("cpu")
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("needs a CUDA GPU (or --dry under TRITON_INTERPRET=1)")
-        device = torch.device("cuda")
+    device = fm.device_for(a)
     import kernels as kb  # bench/kernels.py: read_bandwidth
-
-    kb.DEVICE = device.type
     from beamc.runtime.random_weights import random_rank_weights, weights_nbytes
 
     fm.single_rank_collectives()

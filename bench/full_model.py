@@ -144,21 +144,25 @@ def decode_bytes(model, spec, context: int) -> dict[str, int]:
     return {"weights": w, "experts": e, "kv": kv, "total": w + e + kv}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_common_args(ap: argparse.ArgumentParser, steps: int, reps: int) -> None:
+    """The flags full_model.py and ablation.py share (one TP rank's share of a spec, long context)."""
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--spec", default=str(ROOT / "models/beam.yaml"))
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--context", type=int, default=102_400)
     ap.add_argument("--chunk", type=int, default=2048, help="prefill tokens per sequence")
     ap.add_argument("--batch", type=int, default=8, help="max_batch and the prefill's sequences")
-    ap.add_argument("--steps", type=int, default=40, help="timed decode steps (median)")
-    ap.add_argument("--reps", type=int, default=5, help="timed prefill steps (median)")
+    ap.add_argument("--steps", type=int, default=steps, help="timed decode steps (median)")
+    ap.add_argument("--reps", type=int, default=reps, help="timed prefill steps (median)")
     ap.add_argument("--experts", default=None, help="override dtypes.experts (e.g. bf16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry", action="store_true", help="the same code path on the tiny spec on a CPU (set "
                     "TRITON_INTERPRET=1): bf16 experts, TP 2, context 40, 2 x 4-token prefill, 2 decode steps")
-    a = ap.parse_args(argv)
+
+
+def device_for(a: argparse.Namespace) -> torch.device:
+    """--dry: the tiny spec's settings on the CPU (under Triton's interpreter); else the GPU. Also points
+    bench/kernels.py's timing helpers at that device."""
     if a.dry:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("--dry runs the generated kernels on the CPU: set TRITON_INTERPRET=1")
@@ -173,6 +177,16 @@ def main(argv=None) -> dict:
     import kernels as kb  # bench/kernels.py: read_bandwidth
 
     kb.DEVICE = device.type
+    return device
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(ap, steps=40, reps=5)
+    a = ap.parse_args(argv)
+    device = device_for(a)
+    import kernels as kb  # bench/kernels.py: read_bandwidth
+
     from beamc.runtime.model import Model
     from beamc.runtime.random_weights import random_rank_weights, weights_nbytes
 
