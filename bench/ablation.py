@@ -17,14 +17,17 @@ the same one-rank simulation (collectives as copies), the same timing helpers an
 - decode: batch 1 at `--context` (`Model.fill_context`), the captured CUDA graph replayed `--steps` times
   (median ms, CUDA events); kernels and library calls of one batch-1 decode step;
 - prefill: `--batch` x `--chunk` tokens appended to `--context` each, the bucket's graph replayed `--reps` times;
-- roofline: decode bytes (full_model.decode_bytes) over the read bandwidth measured once in this run.
-  No prefill roofline yet (the issue asks for FLOPs over the measured bf16 GEMM rate: not implemented here);
-- the model is freed (gc + torch.cuda.empty_cache) before the next row.
-Budget: 9 rows must fit in ~8 minutes on an H200, so the defaults are 30 decode steps (the issue's minimum)
-and 3 prefill replays, and no API-path timings (full_model.py has those for the fused package).
-NOT implemented yet: the torch.compile + CUDA graph baseline row (plain PyTorch on the same weights) and the
-per-layer-kind profiler breakdown; the JSON says so ("not_implemented"), nothing is faked.
-
+- roofline: decode bytes (full_model.decode_bytes) over the read bandwidth measured once in this run; prefill
+  FLOPs (`prefill_flops`: GEMMs, the router, attention over the context and the causal chunk) over the bf16 GEMM
+  rate measured once in this run (torch.mm 8192^3);
+- the fully fused row (every pass) also profiles one decode step (bench/profile_step.py: eager launches under
+  torch.profiler), printed as a table of device time by layer kind and op;
+- `--baseline`: plain PyTorch with torch.compile + CUDA graph on the same weights (bench/torch_baseline.py);
+- the model is freed (gc + torch.cuda.empty_cache) before the next row; the JSON is rewritten after every row.
+Budget: the device allows 10 minutes a call, and a row takes ~1 minute (load, graph capture, a 100K context for
+9 sequences), so the rows go in two calls (`--rows 0,1,2,3,4 --tag=-part1`, `--rows 5,6,7,8 --baseline
+--tag=-part2`) merged with `--merge part1.json part2.json --out ablation-<date>.json`. Only the buckets timed are
+captured (decode 1, prefill batch x chunk).
 Writes OUT/ablation-<date>[-dry].json, OUT/ablation-<date>[-dry].png (two panels: decode ms and prefill ms per row;
 skipped with a note without matplotlib) and prints a Markdown table last.
 """
@@ -48,13 +51,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import full_model as fm  # noqa: E402  bench/full_model.py
+from profile_step import breakdown_table, profile_step  # noqa: E402  bench/profile_step.py
 from beamc.codegen.package import compile_package  # noqa: E402
 from beamc.passes.manager import PASSES  # noqa: E402
 
 NOT_IMPLEMENTED = [
     "torch.compile + CUDA graph baseline row (plain PyTorch on the same weights): not implemented yet",
-    "per-layer-kind profiler breakdown of the fused decode step: not implemented yet",
-    "prefill roofline (FLOPs over the measured bf16 GEMM rate): not implemented yet",
 ]
 
 
@@ -93,7 +95,8 @@ def free(device) -> None:
         torch.cuda.empty_cache()
 
 
-def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag: str, bw: float | None) -> dict:
+def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag: str, bw: float | None,
+            gemm_tflops: float | None = None, profile: bool = False) -> dict:
     from beamc.runtime.model import Model
 
     row: dict = {"passes": passes}
@@ -109,7 +112,8 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
     t = time.perf_counter()
     max_context = a.context + max(a.chunk, 4)
     model = Model.load(pkg, None, device=str(device), spec=spec, tp=a.tp, rank=0, kv_dtype="fp8", weights=weights,
-                       max_batch=a.batch, max_context=max_context, max_prefill_tokens=a.batch * a.chunk)
+                       max_batch=a.batch, max_context=max_context, max_prefill_tokens=a.batch * a.chunk,
+                       decode_buckets=[1, a.batch], prefill_buckets=[a.batch * a.chunk])  # ~only the buckets timed
     fm.sync(device)
     row["load_s"] = round(time.perf_counter() - t, 1)
     gen = torch.Generator().manual_seed(a.seed)
@@ -130,6 +134,8 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
                          "kernels": sum(1 for _, ln in launches if ln.kernel is not None and ln.runs_for(1)),
                          "library_calls": sum(lib.values()), "library": dict(lib),
                          "library_calls_compiled": lib_static}
+        if profile:  # which kernel holds the time (the fully fused row)
+            row["decode"]["profile"] = profile_step(model, "decode", {"B": 1, "R": 1}, reps=3)
         model.release("d")
         if bw is not None:
             nbytes = fm.decode_bytes(model, spec, a.context)
@@ -149,6 +155,10 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
         row["prefill"] = {"ms": statistics.median(pre), "reps": a.reps, "tokens": a.batch * a.chunk,
                           "bucket": pkey[1], "first_call_s": round(first_s, 2),
                           "runs_as": model.graphs.status.get(pkey, "?")}
+        if gemm_tflops:
+            flops = prefill_flops(spec, a.tp, a.batch, a.chunk, a.context)
+            roof_ms = flops / (gemm_tflops * 1e12) * 1e3
+            row["prefill"]["roofline"] = {"flops": flops, "ms": roof_ms, "fraction": roof_ms / row["prefill"]["ms"]}
         if device.type == "cuda":
             row["max_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / fm.GB, 2)
     finally:
@@ -157,6 +167,46 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
     return row
+
+
+def prefill_flops(spec, tp: int, batch: int, chunk: int, context: int) -> int:
+    """FLOPs of one rank's prefill of `batch` sequences x `chunk` new tokens after `context` cached ones: every
+    GEMM (2 x tokens x weights; experts: top_k of them; the router in fp32 counted alike), attention's QK^T and PV
+    (4 x heads x head_dim per visible position: the context and the causal part of the chunk; the window on sliding
+    layers), and the logits of the last token of each sequence."""
+    from beamc.checkpoint.layout import rank_dims
+
+    r, at, H = rank_dims(spec, tp), spec.attention, spec.hidden_size
+    hd, T = at.head_dim, batch * chunk
+    attn_w = H * hd * (2 * r.heads + 2 * r.kv_heads) + r.heads * hd * H  # q, gate, k, v, o
+    total = 0
+    for L in range(spec.num_layers):
+        if spec.mlp_types[L] == "sparse":
+            m = spec.mlp.moe
+            mlp_w = H * m.num_experts + m.top_k * 3 * H * r.moe_ff
+        else:
+            mlp_w = 3 * H * r.dense_ff
+        total += 2 * T * (attn_w + mlp_w)
+        if spec.attention_types[L] == "sliding_attention":
+            w = spec.effective_window
+            visible = sum(min(w, context + j + 1) for j in range(chunk))
+        else:
+            visible = chunk * context + chunk * (chunk + 1) // 2
+        total += 4 * r.heads * hd * batch * visible
+    return total + 2 * batch * H * r.vocab
+
+
+def bf16_gemm_tflops(device, n: int = 8192, reps: int = 10) -> float | None:
+    """The bf16 GEMM rate of this GPU now (torch.mm n x n x n, median of reps): the prefill roofline's rate."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        torch.mm(a, b)
+    ms = statistics.median(fm.timed(lambda: torch.mm(a, b), device, reps))
+    del a, b
+    return 2 * n ** 3 / (ms * 1e-3) / 1e12
 
 
 def plot(facts: dict, path: Path) -> str:
@@ -189,25 +239,40 @@ def plot(facts: dict, path: Path) -> str:
 
 
 def markdown(facts: dict) -> str:
-    lines = ["| row | passes | decode ms | prefill ms | kernels/step | library calls/step | roofline |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| row | passes | decode ms | prefill ms | kernels/step | library calls/step | decode roofline | "
+             "prefill roofline |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in facts["rows"]:
         if "decode" not in r:
-            lines.append(f"| {r['index']} | {r['label']} | failed: {r.get('error', '?')} | | | | |")
+            lines.append(f"| {r['index']} | {r['label']} | failed: {r.get('error', '?')} | | | | | |")
             continue
         d, p = r["decode"], r["prefill"]
         roof = f"{r['roofline']['fraction']:.1%}" if "roofline" in r else "-"
+        proof = f"{p['roofline']['fraction']:.1%}" if "roofline" in p else "-"
         lines.append(f"| {r['index']} | {r['label']} | {d['ms']:.3f} | {p['ms']:.2f} | {d['kernels']} | "
-                     f"{d['library_calls']} | {roof} |")
-    lines.append("| - | torch.compile + CUDA graph | not implemented yet | | | | |")
-    return "\n".join(lines)
+                     f"{d['library_calls']} | {roof} | {proof} |")
+    b = facts.get("baseline")
+    if b is None:
+        lines.append("| - | torch.compile + CUDA graph | not run (--baseline) | | | | | |")
+    elif "error" in b:
+        lines.append(f"| - | torch.compile + CUDA graph | failed: {b['error'][:120]} | | | | | |")
+    else:
+        lines.append(f"| - | torch.compile + CUDA graph ({b.get('mode', '?')}) | {b['decode_ms']:.3f} | "
+                     f"{b['prefill_ms']:.2f} | | | | |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     fm.add_common_args(ap, steps=30, reps=3)
     ap.add_argument("--rows", default=None, help="row indices / pass names, comma-separated (default: all 9)")
+    ap.add_argument("--baseline", action="store_true", help="also the torch.compile + CUDA graph baseline "
+                    "(bench/torch_baseline.py) on the same weights")
+    ap.add_argument("--tag", default="", help="appended to the output file names (e.g. -part1)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge these ablation JSONs into --out (a file "
+                    "name) and print the table; nothing is measured")
     a = ap.parse_args(argv)
+    if a.merge:
+        return merge(a.merge, a.out)
     device = fm.device_for(a)
     import kernels as kb  # bench/kernels.py: read_bandwidth
     from beamc.runtime.random_weights import random_rank_weights, weights_nbytes
@@ -234,14 +299,21 @@ def main(argv=None) -> dict:
     facts["weights_s"] = round(time.perf_counter() - t, 1)
     bw = kb.read_bandwidth()  # TB/s, once for every row
     facts["read_tb_s"] = round(bw, 3)
+    gemm = bf16_gemm_tflops(device)
+    facts["bf16_gemm_tflops"] = round(gemm, 1) if gemm else None
     facts["rows"] = []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"ablation-{facts['date']}{'-dry' if a.dry else ''}{a.tag}"
+    path = out / f"{stem}.json"
     tmp = tempfile.TemporaryDirectory(prefix="beam-ablation-")
     for i in chosen:
         label, passes = rows[i]
         t = time.perf_counter()
         print(f"row {i} {label}: ...", flush=True)
         try:
-            r = run_row(a, spec, passes, weights, device, Path(tmp.name), f"row{i}", bw)
+            r = run_row(a, spec, passes, weights, device, Path(tmp.name), f"row{i}", bw, gemm,
+                        profile=i == len(rows) - 1)
         except Exception as e:  # one failing row must not lose the others' numbers
             free(device)
             r = {"passes": passes, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
@@ -253,13 +325,18 @@ def main(argv=None) -> dict:
                   flush=True)
         else:
             print(f"row {i} {label}: FAILED {r['error']}", flush=True)
+        path.write_text(json.dumps(facts, indent=1) + "\n")  # after every row: a timeout keeps the rows done
+    if a.baseline:
+        from torch_baseline import run_baseline  # bench/torch_baseline.py
+
+        t = time.perf_counter()
+        print("baseline torch.compile: ...", flush=True)
+        facts["baseline"] = run_baseline(spec, weights, a.tp, device, a.context, a.chunk, a.batch, a.steps, a.reps)
+        facts["baseline"]["row_s"] = round(time.perf_counter() - t, 1)
+        print(f"baseline: {facts['baseline']}", flush=True)
     del weights
     free(device)
     facts["total_s"] = round(time.perf_counter() - t0, 1)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"ablation-{facts['date']}{'-dry' if a.dry else ''}"
-    path = out / f"{stem}.json"
     facts["png"] = plot(facts, out / f"{stem}.png")
     path.write_text(json.dumps(facts, indent=1) + "\n")
     print(f"{spec.name}: TP-{a.tp} rank 0 on one {facts['env']['device']}; {fm.SKIPPED}")
@@ -267,7 +344,41 @@ def main(argv=None) -> dict:
     for n in NOT_IMPLEMENTED:
         print(f"note: {n}")
     print(f"wrote {path} ({facts['total_s']} s)")
-    print(markdown(facts))
+    print(report(facts))
+    return facts
+
+
+def report(facts: dict) -> str:
+    """The Markdown table, then the fused row's decode breakdown by layer kind when it was profiled."""
+    text = markdown(facts)
+    prof = next((r["decode"]["profile"] for r in facts["rows"] if "profile" in r.get("decode", {})), None)
+    return text + ("\n\n" + breakdown_table(prof) if prof else "")
+
+
+def merge(paths: list[str], out: str) -> dict:
+    """One ablation JSON (table, PNG) from the rows of several runs of the same settings (a GPU call per part:
+    the device allows 10 minutes a call): rows by index, the later file winning; the baseline from whichever has
+    it."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    keys = ("spec", "tp", "context", "chunk", "batch", "kv_cache", "experts")
+    for p, f in zip(paths[1:], parts[1:]):
+        if any(f.get(k) != parts[0].get(k) for k in keys):
+            raise SystemExit(f"--merge: {p} was measured with other settings than {paths[0]} ({keys})")
+    facts = dict(parts[0])
+    rows = {}
+    for f in parts:
+        rows.update({r["index"]: r for r in f["rows"]})
+        if "baseline" in f:
+            facts["baseline"] = f["baseline"]
+    facts["rows"] = [rows[i] for i in sorted(rows)]
+    facts["merged_from"] = [Path(p).name for p in paths]
+    facts["read_tb_s_parts"] = [f.get("read_tb_s") for f in parts]
+    facts["bf16_gemm_tflops_parts"] = [f.get("bf16_gemm_tflops") for f in parts]
+    path = Path(out)
+    facts["png"] = plot(facts, path.with_suffix(".png"))
+    path.write_text(json.dumps(facts, indent=1) + "\n")
+    print(f"wrote {path}; {facts['png']}")
+    print(report(facts))
     return facts
 
 

@@ -18,7 +18,9 @@ What it does (no checkpoint files):
 5. prefill: 8 sequences filled to `context`, one ragged step of 8 x chunk tokens appended after it (the first call
    captures the bucket's graph), then replayed `--reps` times; also the public `model.prefill` call, rewound to
    `context` each time (start_positions);
-6. the kernels and library calls of one decode step, and the roofline: bytes a batch-1 decode step must read
+6. where the time goes: one decode and one prefill step issued eagerly under torch.profiler (`profile_step.py`),
+   device time by layer kind and op, printed as tables;
+7. the kernels and library calls of one decode step, and the roofline: bytes a batch-1 decode step must read
    (every weight of the rank but the embedding table, whose one row counts, and top_k / num_experts of the expert
    weights; K and V of the context in the full layers, of the window in the sliding ones) over the read bandwidth
    measured in the same run (`bench/kernels.py::read_bandwidth`).
@@ -187,6 +189,8 @@ def main(argv=None) -> dict:
     device = device_for(a)
     import kernels as kb  # bench/kernels.py: read_bandwidth
 
+    from profile_step import breakdown_table, profile_replay, profile_step
+
     from beamc.runtime.model import Model
     from beamc.runtime.random_weights import random_rank_weights, weights_nbytes
 
@@ -239,6 +243,9 @@ def main(argv=None) -> dict:
         "library_calls": dict(Counter(ln.library for _, ln in launches if ln.library and ln.runs_for(1))),
         "distinct_kernels": len(model.manifest.get("kernels", {})),
     }
+    prof = profile_step(model, "decode", {"B": 1, "R": 1}, reps=3)  # which kernel holds the time
+    facts["decode"]["profile"] = prof
+    facts["decode"]["replay_profile"] = profile_replay(replay(model, key, "decode", {"B": 1, "R": 1}), device)
     model.release("d")
     # ---- roofline of the decode step
     bw = kb.read_bandwidth()  # TB/s
@@ -263,6 +270,7 @@ def main(argv=None) -> dict:
                         "tokens": a.batch * a.chunk, "bucket": pkey[1], "first_call_s": round(first_s, 2),
                         "runs_as": model.graphs.status.get(pkey, "?"),
                         "tokens_per_s": a.batch * a.chunk / (statistics.median(pre_replay) / 1e3)}
+    facts["prefill"]["profile"] = pprof = profile_step(model, "prefill", {"T": pkey[1], "R": pkey[2]}, reps=1)
     facts["graphs"] = model.graphs.summary()
     if device.type == "cuda":
         facts["max_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / GB, 2)
@@ -281,6 +289,11 @@ def main(argv=None) -> dict:
     print(f"decode: {d['kernels']} kernels + {sum(d['library_calls'].values())} library calls "
           f"{d['library_calls']}; roofline {r['ms']:.3f} ms ({nbytes['total'] / GB:.2f} GB at {bw:.2f} TB/s read) "
           f"= {r['fraction']:.0%} of the measured step")
+    rp = d["replay_profile"]
+    print(f"decode graph replay: {rp['kernels']:.0f} kernels, {rp['kernel_us'] / 1e3:.3f} ms of kernel time "
+          f"in a {d['ms']:.3f} ms step")
+    print(breakdown_table(prof))
+    print(breakdown_table(pprof))
     print(f"wrote {path} ({facts['total_s']} s)")
     return facts
 

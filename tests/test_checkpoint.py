@@ -673,3 +673,20 @@ def test_cli_bad_input_exits_2(tmp_path, capsys, monkeypatch):
     assert main(["init-weights", "models/beam.yaml", "-o", str(tmp_path / "big")]) == 2
     err = capsys.readouterr().err
     assert "GiB" in err and "--force" in err and "Traceback" not in err
+
+
+def test_progress_bar_counts_every_byte_of_the_rank(spec_nvfp4, ckpt_nvfp4, monkeypatch):
+    """`progress=True`: a rich bar (stderr) advanced by each tensor read; it ends at the rank's total bytes."""
+    from beamc.checkpoint import loader
+
+    seen = {}
+    real_exit = loader._Progress.__exit__
+
+    def record(self, *exc):
+        seen.update(total=self.total, done=self.bar.tasks[0].completed)
+        real_exit(self, *exc)
+
+    monkeypatch.setattr(loader._Progress, "__exit__", record)
+    w = load_rank_weights(spec_nvfp4, ckpt_nvfp4, tp=2, rank=1, progress=True)
+    assert seen["total"] > 0 and seen["done"] == seen["total"] == sum(t.numel() * t.element_size()
+                                                                         for t in w.values())

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
-from beamc.ir.reference import REFS
+from beamc.ir.reference import REFS, moe_combine_ref
 from conftest import assert_template_contract, rel_err, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
 
@@ -92,6 +92,9 @@ def kernel_spec(kind: str, d: dict, dtype: str, pdl: bool | None = None) -> tupl
         return KernelSpec("swiglu", "swiglu", dict(F=d["F"], PACKED=kind == "swiglu_packed", DTYPE=dtype)), {}
     if kind == "softcap":
         return KernelSpec("softcap", "softcap", dict(V=d["V"], CAP=d["cap"], DTYPE=dtype)), dict(cap=d["cap"])
+    if kind == "moe_combine":  # the tp > 1 boundary's first part: one rank's combine x routed scale
+        return KernelSpec("moe_combine", "boundary", dict(H=d["H"], TOP_K=d["top_k"], ROUTED_SCALE=d["routed"],
+                                                          DTYPE=dtype)), dict(routed_scale=d["routed"])
     raise KeyError(kind)
 
 
@@ -102,9 +105,9 @@ def make_inputs(kind: str, d: dict, T: int, dtype: torch.dtype, device="cpu", ge
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
 
-    if kind.startswith("boundary"):
-        tail = [randn(T, H, scale=4.0), 1.0 + randn(H, scale=0.1), 1.0 + randn(H, scale=0.1)]  # res, w_post, w_next
-        if kind == "boundary_combine":
+    if kind.startswith("boundary") or kind == "moe_combine":
+        tail = [] if kind == "moe_combine" else [randn(T, H, scale=4.0), 1.0 + randn(H, scale=0.1), 1.0 + randn(H, scale=0.1)]  # res, w_post, w_next
+        if kind in ("boundary_combine", "moe_combine"):
             k = d["top_k"]
             idx = torch.rand(T, d["experts"], generator=gen).topk(k, dim=-1).indices.to(device)  # distinct experts
             w = torch.rand(T, k, generator=gen)
@@ -112,7 +115,7 @@ def make_inputs(kind: str, d: dict, T: int, dtype: torch.dtype, device="cpu", ge
             ins = [randn(T, k, H, scale=0.5), w, idx] + tail
         else:
             ins = [randn(T, H, scale=2.0)] + tail
-        return ins, ins, [((T, H), dtype)] * 2
+        return ins, ins, [((T, H), dtype)] * (1 if kind == "moe_combine" else 2)
     if kind == "embed_norm":
         V = 1000
         ins = [torch.randint(0, V, (T,), generator=gen).to(device), randn(V, H), 1.0 + randn(H, scale=0.1)]
@@ -131,7 +134,10 @@ def make_inputs(kind: str, d: dict, T: int, dtype: torch.dtype, device="cpu", ge
     raise KeyError(kind)
 
 
-KINDS = ("boundary", "boundary_combine", "embed_norm", "sigmoid_gate", "swiglu", "swiglu_packed", "softcap")
+KINDS = ("boundary", "boundary_combine", "embed_norm", "sigmoid_gate", "swiglu", "swiglu_packed", "softcap",
+         "moe_combine")
+# kinds that are a part of their IR op (the rest of the op runs in other launches): their own reference
+PART_REFS = {"moe_combine": lambda t, a: ((moe_combine_ref(*t) * a["routed_scale"]).to(t[0].dtype),)}
 
 
 # ---------------------------------------------------------------- 1. fp32 instances under the interpreter
@@ -156,7 +162,7 @@ def _interpreted_main(out: str) -> None:
                 ins, ref_ins, outs = make_inputs(kind, d, T, torch.float32, gen=gen)
                 got = [torch.full(shape, float("nan"), dtype=dt) for shape, dt in outs]
                 mod.launch(*ins, *got)
-                want = REFS[ks.op](ref_ins, attrs)
+                want = (PART_REFS.get(kind) or REFS[ks.op])(ref_ins, attrs)
                 assert len(want) == len(got) and all(g.shape == w.shape and g.dtype == w.dtype
                                                      for g, w in zip(got, want)), (kind, spec_name)
                 errs += [float("inf") if g.isnan().any() else rel_err(g, w) for g, w in zip(got, want)]
@@ -183,7 +189,7 @@ def test_interpreted_fp32_matches_reference(kind, spec_name, interpreted):
 
 # ---------------------------------------------------------------- 2. bf16 instances compile for sm_90a and sm_100a
 PARAMS_BEFORE_WAIT = {"boundary": True, "boundary_combine": True, "embed_norm": True, "sigmoid_gate": True,
-                      "swiglu": False, "swiglu_packed": False, "softcap": False}  # a parameter to load before the wait
+                      "swiglu": False, "swiglu_packed": False, "softcap": False, "moe_combine": False}  # a parameter to load before the wait
 
 
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
@@ -222,6 +228,7 @@ IR_ARGS = {  # the IR op's inputs then outputs, as each launcher must take them
     "swiglu": ["gate", "up", "out"],
     "swiglu_packed": ["gate_up", "out"],
     "softcap": ["x", "out"],
+    "moe_combine": ["y", "w", "idx", "out"],
 }
 
 

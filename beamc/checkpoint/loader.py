@@ -9,6 +9,7 @@ each slice is checked for NaN/Inf as it is read. Experts are stacked as the grap
 from __future__ import annotations
 
 import json
+import math
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,7 @@ class _RankReader:
 
     def __init__(self, spec: ModelSpec, found: dict, tp: int, rank: int, device, stack: ExitStack):
         self.spec, self.found, self.tp, self.rank, self.device, self.stack = spec, found, tp, rank, device, stack
+        self.progress: _Progress | None = None  # set by load_rank_weights
         self.infos = {t.name: t for t in file_tensors(spec)}
         self.handles: dict[Path, Any] = {}
         self.checked: list[tuple[str, TensorInfo]] = []
@@ -200,6 +202,8 @@ class _RankReader:
         """This rank's slice of file tensor `name` (shard rule: `info`, default the layout's)."""
         info = info or self.infos[name]
         t = self._slice(name, info)
+        if self.progress is not None:
+            self.progress.advance(t.numel() * t.element_size())
         if t.is_floating_point():
             self.checked.append((name, info))
             self.flags.append(_screen(t))
@@ -234,9 +238,12 @@ def _target_dtype(spec: ModelSpec, info: TensorInfo, dtype: torch.dtype | None) 
 
 
 def load_rank_weights(spec: ModelSpec | str | Path, ckpt_dir: str | Path, tp: int = 1, rank: int = 0,
-                      dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+                      dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                      progress: bool | None = None) -> dict[str, torch.Tensor]:
     """Graph param name (`layout.graph_params`) -> this rank's tensor (shape `layout.rank_shape`), as stored, or
     converted to `dtype` (bf16 or fp32) where `_target_dtype` says so.
+
+    progress: a `rich` progress bar of the rank's bytes read (on stderr); None: when stderr is a terminal.
 
     Raises one BeamcError for a checkpoint that does not fit the spec, and one listing every tensor holding a NaN
     or Inf (with its first bad element) and every KV scale <= 0."""
@@ -248,6 +255,7 @@ def load_rank_weights(spec: ModelSpec | str | Path, ckpt_dir: str | Path, tp: in
     out: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
         reader = _RankReader(spec, found, tp, rank, device, stack)
+        reader.progress = stack.enter_context(_Progress(spec, tp, rank, progress))
         for t in file_tensors(spec, experts=False):
             out[t.name] = _convert(reader.read(t.name), _target_dtype(spec, t, dtype))
         for L, mlp in enumerate(spec.mlp_types):
@@ -264,6 +272,37 @@ def load_rank_weights(spec: ModelSpec | str | Path, ckpt_dir: str | Path, tp: in
     for t in graph_params(spec):  # the loader and the layout's shard rules (what lowering declares) agree
         assert tuple(out[t.name].shape) == rank_shape(spec, t, tp, rank), (t.name, tuple(out[t.name].shape))
     return out
+
+
+class _Progress:
+    """A `rich` bar of the bytes of this rank's share read so far (the total from the layout's rank shapes)."""
+
+    def __init__(self, spec: ModelSpec, tp: int, rank: int, show: bool | None):
+        import sys
+
+        self.show = sys.stderr.isatty() if show is None else show
+        self.total = sum(math.prod(rank_shape(spec, t, tp, rank)) * torch.empty(0, dtype=getattr(torch, t.dtype))
+                         .element_size() for t in graph_params(spec)) if self.show else 0
+        self.bar = None
+
+    def __enter__(self) -> "_Progress":
+        if self.show:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("loading weights"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("load", total=self.total)
+        return self
+
+    def advance(self, nbytes: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=nbytes)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
 
 
 def _convert(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

@@ -99,9 +99,9 @@ def _boundary(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     # tp > 1: each rank combines its partial expert outputs, the ranks' sums are all-reduced, then the norms
     part = Value("combined", (y.shape[0], H), y.dtype)
     s = "scratch:moe_combined"
-    combine = library(node, "moe_combine_scale", "the reference combine through torch until the boundary kernel "
-                      "does the all-reduce in-kernel (a later issue)", args=names(node.inputs[:3]) + (s,),
-                      scratch=((s, tuple(part.shape), part.dtype),), kwargs=(("scale", a["routed_scale"]),))
+    combine = kernel(node, "moe_combine", ctx, args=names(node.inputs[:3]) + (s,), H=H, TOP_K=y.shape[1],
+                     ROUTED_SCALE=a["routed_scale"])
+    combine = dataclasses.replace(combine, scratch=((s, tuple(part.shape), part.dtype),))
     t = "scratch:allreduce_sum"
     reduce = library(node, "all_reduce", "NCCL through torch.distributed (the fused all-reduce is a later issue)",
                      args=(s, t), scratch=((t, tuple(part.shape), part.dtype),))

@@ -63,7 +63,8 @@ REFS["linear_f32"] = lambda t, a: (F.linear(t[0].float(), t[1].float()),)
 # ---------------------------------------------------------------- attention pieces
 def rope_tables(pos: torch.Tensor, theta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [T, dim] in fp32, as transformers' BeamRotaryEmbedding computes them."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=pos.device, dtype=torch.float) / dim))
+    # made on pos's device: no host-to-device copy, which a CUDA-graph capture of an unfused step would refuse
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=pos.device).float() / dim))
     freqs = pos[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos() * 1.0, emb.sin() * 1.0

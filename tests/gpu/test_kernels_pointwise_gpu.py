@@ -29,7 +29,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.ir.reference import REFS
-from test_kernels_pointwise import KINDS, _dims, kernel_spec, make_inputs
+from test_kernels_pointwise import KINDS, PART_REFS, _dims, kernel_spec, make_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -121,7 +121,7 @@ def _run_case(kind: str, shape: str, T: int, seed: int, pdl: bool | None = None)
     ins, ref_ins, outs = make_inputs(kind, d, T, torch.bfloat16, device="cuda", gen=gen)
     got = [torch.full(s, float("nan"), dtype=dt, device="cuda") for s, dt in outs]
     mod.launch(*ins, *got)
-    want = REFS[ks.op](ref_ins, attrs)
+    want = (PART_REFS.get(kind) or REFS[ks.op])(ref_ins, attrs)
     torch.cuda.synchronize()
     vs_ref = [compare(g, w) for g, w in zip(got, want)]
     baseline = []
@@ -158,7 +158,8 @@ def test_norm_kernels_vs_cuda_reference(kind, shape, T):
 
 # ---------------------------------------------------------------- pointwise kernels: bit-exact
 POINTWISE = [(kind, shape) for kind in ("sigmoid_gate", "swiglu", "swiglu_packed", "softcap")
-             for shape in ("tp8", "tp1", "odd")] + [("swiglu", "tp8dense"), ("swiglu", "tp1dense")]
+             for shape in ("tp8", "tp1", "odd")] + [("swiglu", "tp8dense"), ("swiglu", "tp1dense"),
+                                                    ("moe_combine", "tp8"), ("moe_combine", "odd")]
 
 
 @pytest.mark.parametrize("T", T_VALUES)
@@ -219,7 +220,8 @@ def test_pdl_off_same_bits_and_matches_reference(kind):
             got = [torch.full(sh, float("nan"), dtype=dt, device="cuda") for sh, dt in outs]
             _kernel(ks).launch(*ins, *got)
             torch.cuda.synchronize()
-            runs[pdl] = (got, [compare(g, w)["mismatch"] for g, w in zip(got, REFS[ks.op](ref_ins, attrs))])
+            want = (PART_REFS.get(kind) or REFS[ks.op])(ref_ins, attrs)
+            runs[pdl] = (got, [compare(g, w)["mismatch"] for g, w in zip(got, want)])
         for i, (a, b) in enumerate(zip(runs[None][0], runs[False][0])):
             r = compare(b, a)
             SUMMARY[f"{kind}:no_pdl_vs_pdl/odd/T{T}/{i}"] = r

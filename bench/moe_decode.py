@@ -1,0 +1,132 @@
+"""Where the NVFP4 MoE decode kernel's time goes (issue 8): its two stages timed apart, in both weight layouts, with
+a few launch-time variants, beside a plain read of the same bytes, at one TP-8 rank's shapes on the H200.
+
+    python bench/moe_decode.py --out DIR        (prints a table last; writes DIR/moe-decode-<date>.json)
+
+For T = 1 and 8 tokens (8 distinct random experts per token) and each (layout, variant):
+- y checked first against the reference (||y - ref|| / ||ref|| < 1e-2; a variant that fails is reported, not timed);
+- three CUDA graphs, each replayed 30 times after a 256 MB write that flushes the L2: both stages (what a decode
+  step runs), stage 0 alone (gate_up + SwiGLU), stage 1 alone (down; its h from a previous stage 0);
+- the chosen experts' bytes over each time; and, in the same run, `torch.sum` over a buffer of the same bytes (the
+  read rate a weight-streaming kernel can reach at this size, launch included).
+Variants override the launcher's constexprs / options: the cp.async depth of each stage, the L2 prefetch of the
+down weights, 8 warps instead of 4.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from beamc.codegen.kernel import KernelSpec, load_kernel  # noqa: E402
+from beamc.spec import load_spec  # noqa: E402
+from test_kernels_moe import TEMPLATE, distinct_idx, moe_constants, nvfp4_experts, y_reference  # noqa: E402
+
+# (label, constexpr overrides, option overrides)
+VARIANTS = (
+    ("default", {}, {}),
+    ("STAGES0=2", {"STAGES0": 2}, {}),
+    ("STAGES0=3", {"STAGES0": 3}, {}),
+    ("STAGES1=3", {"STAGES1": 3}, {}),
+    ("no prefetch", {"PREFETCH": False}, {}),
+    ("8 warps", {}, {"num_warps": 8}),
+)
+
+
+def graph_us(fn, flush: torch.Tensor, reps: int = 30) -> float:
+    """Median µs of fn() captured in a CUDA graph, replayed after an L2-flushing write each time."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--tokens", default="1,8")
+    a = ap.parse_args(argv)
+    c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), Path(tempfile.mkdtemp(prefix="moe-decode-")))
+    g = torch.Generator().manual_seed(0)
+    raw = nvfp4_experts(c["E"], c["H"], c["I"], g, device="cuda")
+    layouts = {"modelopt": raw, "relaid": mod.relayout(raw)}
+    H, I, K = c["H"], c["I"], c["TOP_K"]
+    per_expert = 2 * I * H // 2 + 2 * I * H // 16 + H * I // 2 + H * I // 16 + 12
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    rows, facts = [], {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+                       "torch": torch.__version__, "shapes": dict(c), "records": rows}
+    for T in (int(t) for t in a.tokens.split(",")):
+        x = torch.randn(T, H, generator=g).bfloat16().cuda()
+        idx = distinct_idx(T, c["E"], K, g).cuda()
+        n_exp = int(torch.unique(idx).numel())
+        nbytes = n_exp * per_expert
+        buf = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+        read = graph_us(lambda: buf.sum(dtype=torch.int32), flush)
+        rows.append(dict(T=T, layout="-", variant="torch.sum of the same bytes", us=read, tb_s=nbytes / read / 1e6))
+        ref = y_reference(x, idx, raw)
+        for lname, params in layouts.items():
+            for vname, cover, oover in VARIANTS if lname == "relaid" else VARIANTS[:1]:
+                consts = dict(mod.constexprs(T, lname == "relaid"), **cover)
+                opts = dict(mod.OPTIONS, **oover)
+                y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+                h = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
+                grids = ((T * K, -(-I // mod.BLOCK_I)), (T * K, -(-H // mod.BLOCK_N)))
+
+                def stage(s, consts=consts, opts=opts, y=y, h=h, params=params):
+                    mod.kernel[grids[s]](x, idx, *params, y, h, T, x.stride(0), s, **consts, **opts)
+
+                rec = dict(T=T, layout=lname, variant=vname, experts=n_exp, bytes=nbytes)
+                try:
+                    stage(0)
+                    stage(1)
+                    torch.cuda.synchronize()
+                    rec["rel_err"] = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+                    if not rec["rel_err"] < 1e-2:
+                        raise AssertionError(f"rel err {rec['rel_err']}")
+                    rec["us"] = graph_us(lambda: (stage(0), stage(1)), flush)
+                    rec["stage0_us"] = graph_us(lambda: stage(0), flush)
+                    rec["stage1_us"] = graph_us(lambda: stage(1), flush)
+                    rec["tb_s"] = nbytes / rec["us"] / 1e6
+                except Exception as e:  # a variant that does not compile or is wrong: reported, the rest go on
+                    rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                rows.append(rec)
+                print(rec, flush=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"moe-decode-{facts['date']}.json").write_text(json.dumps(facts, indent=1) + "\n")
+    print(f"{'T':>3} {'layout':<9} {'variant':<28} {'both us':>8} {'stage0':>8} {'stage1':>8} {'TB/s':>6}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['T']:>3} {r['layout']:<9} {r['variant']:<28} {r['error']}")
+        elif "stage0_us" in r:
+            print(f"{r['T']:>3} {r['layout']:<9} {r['variant']:<28} {r['us']:>8.1f} {r['stage0_us']:>8.1f} "
+                  f"{r['stage1_us']:>8.1f} {r['tb_s']:>6.2f}")
+        else:
+            print(f"{r['T']:>3} {r['layout']:<9} {r['variant']:<28} {r['us']:>8.1f} {'':>8} {'':>8} {r['tb_s']:>6.2f}")
+    return facts
+
+
+if __name__ == "__main__":
+    main()
