@@ -55,9 +55,7 @@ from profile_step import breakdown_table, profile_step  # noqa: E402  bench/prof
 from beamc.codegen.package import compile_package  # noqa: E402
 from beamc.passes.manager import PASSES  # noqa: E402
 
-NOT_IMPLEMENTED = [
-    "torch.compile + CUDA graph baseline row (plain PyTorch on the same weights): not implemented yet",
-]
+NOT_IMPLEMENTED: list[str] = []
 
 
 def all_rows() -> list[tuple[str, list[str]]]:
@@ -225,10 +223,16 @@ def plot(facts: dict, path: Path) -> str:
         vals = [r[key]["ms"] for r in rows]
         ax.bar(range(len(vals)), vals, color="tab:blue")
         ax.plot(range(len(vals)), vals, color="tab:orange", marker="o")
+        ticks = list(labels)
+        b = facts.get("baseline") or {}
+        if f"{key}_ms" in b:  # plain PyTorch (torch.compile + CUDA graph) on the same weights, beside the rows
+            vals = vals + [b[f"{key}_ms"]]
+            ax.bar([len(vals) - 1], [vals[-1]], color="tab:gray")
+            ticks.append("torch.compile\nbaseline")
         for i, v in enumerate(vals):
             ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(vals)))
-        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+        ax.set_xticklabels(ticks, rotation=45, ha="right", fontsize=8)
         ax.set_title(title)
         ax.set_ylabel("ms")
     fig.suptitle(f"{facts['spec']}: TP-{facts['tp']} rank 0 on {facts['env']['device']}, passes added cumulatively")
@@ -282,7 +286,8 @@ def main(argv=None) -> dict:
     rows = all_rows()
     chosen = pick_rows(a.rows)
     spec = fm.bench_spec(Path(a.spec), a.context, max(a.chunk, 4), a.experts)
-    facts: dict = {"date": datetime.date.today().isoformat(), "dry": a.dry, "note": fm.SKIPPED, "tp": a.tp,
+    facts: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
+                   "dry": a.dry, "note": fm.SKIPPED, "tp": a.tp,
                    "rank": 0, "context": a.context, "chunk": a.chunk, "batch": a.batch, "kv_cache": "fp8",
                    "spec": spec.name, "experts": spec.dtypes.experts, "pass_order": list(PASSES),
                    "not_implemented": NOT_IMPLEMENTED,
@@ -331,7 +336,9 @@ def main(argv=None) -> dict:
 
         t = time.perf_counter()
         print("baseline torch.compile: ...", flush=True)
-        facts["baseline"] = run_baseline(spec, weights, a.tp, device, a.context, a.chunk, a.batch, a.steps, a.reps)
+        # the last user of the dict: it may drop each layer's NVFP4 experts once converted to fp8 (peak memory)
+        facts["baseline"] = run_baseline(spec, weights, a.tp, device, a.context, a.chunk, a.batch, a.steps, a.reps,
+                                         consume=True)
         facts["baseline"]["row_s"] = round(time.perf_counter() - t, 1)
         print(f"baseline: {facts['baseline']}", flush=True)
     del weights

@@ -62,11 +62,31 @@ def graph_us(fn, flush: torch.Tensor, reps: int = 30) -> float:
     return statistics.median(times)
 
 
+def ncu_launches(T: int) -> dict:
+    """Both stages at T tokens, 3 times, nothing else on the GPU between them (for a counter profiler)."""
+    c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), Path(tempfile.mkdtemp(prefix="moe-decode-")))
+    g = torch.Generator().manual_seed(0)
+    params = mod.relayout(nvfp4_experts(c["E"], c["H"], c["I"], g, device="cuda"))
+    x = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
+    idx = distinct_idx(T, c["E"], c["TOP_K"], g).cuda()
+    y = torch.empty(T, c["TOP_K"], c["H"], dtype=torch.bfloat16, device="cuda")
+    h = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        mod.launch(x, idx, *params, y, h)
+    torch.cuda.synchronize()
+    return {}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--tokens", default="1,8")
+    ap.add_argument("--ncu", action="store_true", help="only launch both stages (default render, re-laid out, "
+                    "T = first of --tokens) 3 times, no graphs, no timing: for `ncu --clock-control none`")
     a = ap.parse_args(argv)
+    if a.ncu:
+        return ncu_launches(int(a.tokens.split(",")[0]))
     c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), Path(tempfile.mkdtemp(prefix="moe-decode-")))
     g = torch.Generator().manual_seed(0)
@@ -75,16 +95,21 @@ def main(argv=None) -> dict:
     H, I, K = c["H"], c["I"], c["TOP_K"]
     per_expert = 2 * I * H // 2 + 2 * I * H // 16 + H * I // 2 + H * I // 16 + 12
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    rows, facts = [], {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-                       "torch": torch.__version__, "shapes": dict(c), "records": rows}
+    rows: list[dict] = []
+    facts = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
+             "device": torch.cuda.get_device_name(),
+             "torch": torch.__version__, "shapes": dict(c), "records": rows}
     for T in (int(t) for t in a.tokens.split(",")):
         x = torch.randn(T, H, generator=g).bfloat16().cuda()
         idx = distinct_idx(T, c["E"], K, g).cuda()
         n_exp = int(torch.unique(idx).numel())
         nbytes = n_exp * per_expert
-        buf = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
-        read = graph_us(lambda: buf.sum(dtype=torch.int32), flush)
-        rows.append(dict(T=T, layout="-", variant="torch.sum of the same bytes", us=read, tb_s=nbytes / read / 1e6))
+        buf = torch.randn(nbytes // 4, device="cuda")
+        read = graph_us(lambda: buf.sum(), flush)
+        rows.append(dict(T=T, layout="-", variant="torch.sum, same bytes", us=read, tb_s=nbytes / read / 1e6))
+        noflush = torch.empty(0, dtype=torch.uint8, device="cuda")
+        read = graph_us(lambda: buf.sum(), noflush)
+        rows.append(dict(T=T, layout="-", variant="torch.sum, L2 warm", us=read, tb_s=nbytes / read / 1e6))
         ref = y_reference(x, idx, raw)
         for lname, params in layouts.items():
             for vname, cover, oover in VARIANTS if lname == "relaid" else VARIANTS[:1]:
@@ -94,8 +119,8 @@ def main(argv=None) -> dict:
                 h = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
                 grids = ((T * K, -(-I // mod.BLOCK_I)), (T * K, -(-H // mod.BLOCK_N)))
 
-                def stage(s, consts=consts, opts=opts, y=y, h=h, params=params):
-                    mod.kernel[grids[s]](x, idx, *params, y, h, T, x.stride(0), s, **consts, **opts)
+                def stage(s, consts=consts, opts=opts, y=y, h=h, params=params, ids=idx):
+                    mod.kernel[grids[s]](x, ids, *params, y, h, T, x.stride(0), s, **consts, **opts)
 
                 rec = dict(T=T, layout=lname, variant=vname, experts=n_exp, bytes=nbytes)
                 try:
@@ -106,6 +131,8 @@ def main(argv=None) -> dict:
                     if not rec["rel_err"] < 1e-2:
                         raise AssertionError(f"rel err {rec['rel_err']}")
                     rec["us"] = graph_us(lambda: (stage(0), stage(1)), flush)
+                    if vname == "default":  # the flush leaves dirty lines that the kernel's reads write back
+                        rec["us_no_flush"] = graph_us(lambda: (stage(0), stage(1)), noflush)
                     rec["stage0_us"] = graph_us(lambda: stage(0), flush)
                     rec["stage1_us"] = graph_us(lambda: stage(1), flush)
                     rec["tb_s"] = nbytes / rec["us"] / 1e6
@@ -113,6 +140,12 @@ def main(argv=None) -> dict:
                     rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
                 rows.append(rec)
                 print(rec, flush=True)
+                if lname == "relaid" and vname == "default":  # the fixed cost: every id invalid, no weight read
+                    bad = torch.full_like(idx, c["E"])
+                    us = graph_us(lambda: (stage(0, ids=bad), stage(1, ids=bad)), flush)
+                    rows.append(dict(T=T, layout=lname, variant="ids invalid: no weight read", us=us, tb_s=0.0,
+                                     stage0_us=graph_us(lambda: stage(0, ids=bad), flush),
+                                     stage1_us=graph_us(lambda: stage(1, ids=bad), flush)))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"moe-decode-{facts['date']}.json").write_text(json.dumps(facts, indent=1) + "\n")

@@ -32,12 +32,14 @@ def _op_class(node, ln) -> str:
 
 
 def issue(model, phase: str, sizes: dict, mark=None) -> int:
-    """Issue one step's launches eagerly (each inside `mark(i)` when given); the number issued."""
+    """Issue one step's launches eagerly; with `mark`, each inside `mark(i)` and synchronised before the range
+    ends (so that every kernel runs inside its launch's range); the number issued."""
     from beamc.runtime import library
 
     v = model.buffers(phase, sizes)
     K = model.step_module.K
     T = sizes.get("T", sizes.get("B"))
+    cuda = model.device.type == "cuda"
     n = 0
     for i, (node, ln) in enumerate(model.phases[phase].launches):
         if not ln.runs_for(T) or (ln.kernel is None and ln.library == "view"):
@@ -51,6 +53,8 @@ def issue(model, phase: str, sizes: dict, mark=None) -> int:
                 K[ln.kernel.name].launch(*args)
             else:
                 getattr(library, ln.library)(*args, **dict(ln.kwargs))
+            if ctx is not None and cuda:
+                torch.cuda.synchronize(model.device)
         finally:
             if ctx is not None:
                 ctx.__exit__(None, None, None)
@@ -60,6 +64,8 @@ def issue(model, phase: str, sizes: dict, mark=None) -> int:
 
 def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
     """Device µs per step by launch (node, layer kind, op class), averaged over `reps` profiled eager steps."""
+    import bisect
+
     from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = model.device.type == "cuda"
@@ -70,22 +76,30 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
     with profile(activities=acts) as prof:
         for _ in range(reps):
             issue(model, phase, sizes, mark=lambda i: record_function(f"beamc#{i}"))
-        if cuda:
-            torch.cuda.synchronize(model.device)
-    # Each range's kernels: those launched inside it (linked by the profiler's correlation ids), its own and its
-    # child ops'. Not the range's device_time_total: the GPU-side copy of a user range spans from its first kernel
-    # to its last, idle gaps of an eager launch-bound step included.
-    def kernel_us(e) -> float:
-        return sum(k.duration for k in getattr(e, "kernels", [])) + sum(kernel_us(c) for c in e.cpu_children)
-
-    per_launch: dict[int, float] = defaultdict(float)
-    kernels: dict[str, float] = defaultdict(float)
+    # Each GPU kernel belongs to the launch whose host range contains its start: the launches are synchronised
+    # inside their ranges, so a range encloses its kernels' execution. (The profiler links kernels to ranges only
+    # through torch ops, which Triton's launcher is not; a range's device_time_total would miss those kernels, and
+    # its GPU-side span counts idle gaps.)
+    ranges, kernels = [], []
     for e in prof.events():
         on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
         if e.name.startswith("beamc#") and not on_device:
-            per_launch[int(e.name[6:])] += kernel_us(e) / reps
+            ranges.append((e.time_range.start, e.time_range.end, int(e.name[6:])))
         elif on_device and not e.name.startswith("beamc#"):
-            kernels[e.name] += (getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) or 0.0) / reps
+            kernels.append((e.time_range.start, e.time_range.end - e.time_range.start, e.name))
+    ranges.sort()
+    starts = [r[0] for r in ranges]
+    per_launch: dict[int, float] = defaultdict(float)
+    by_name: dict[str, float] = defaultdict(float)
+    unattributed = 0.0
+    for t0, dur, name in kernels:
+        j = bisect.bisect_right(starts, t0) - 1
+        if j >= 0 and t0 <= ranges[j][1]:
+            per_launch[ranges[j][2]] += dur / reps
+        else:
+            unattributed += dur / reps
+        by_name[name] += dur / reps
+    kernels_total = sum(by_name.values())
     launches = model.phases[phase].launches
     by_kind: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
@@ -100,16 +114,17 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
     for L in range(model.spec.num_layers):
         layers[_kind(model.spec, L)] += 1
     total = sum(per_launch.values())
-    top_kernels = sorted(kernels.items(), key=lambda x: -x[1])[:15]
-    return {"phase": phase, "sizes": sizes, "reps": reps, "launches_profiled": len(per_launch),
-            "device_us_total": total, "device_us_kernels": sum(kernels.values()),
+    top_kernels = sorted(by_name.items(), key=lambda x: -x[1])[:15]
+    return {"phase": phase, "sizes": sizes, "reps": reps, "launches_profiled": len(ranges) // max(reps, 1),
+            "device_us_total": total, "device_us_kernels": kernels_total, "device_us_unattributed": unattributed,
             "by_layer_kind": {k: {"us": by_kind[k], "layers": layers.get(k, 1),
                                   "us_per_layer": by_kind[k] / layers.get(k, 1),
                                   "ops": dict(sorted(by_kind_op[k].items(), key=lambda x: -x[1]))}
                               for k in sorted(by_kind, key=lambda x: -by_kind[x])},
             "by_op": dict(sorted(by_op.items(), key=lambda x: -x[1])),
             "top_kernels": dict(top_kernels),
-            "note": "eager launches under torch.profiler (no CUDA graph, no PDL overlap); device time per launch"}
+            "note": "eager launches under torch.profiler, each synchronised (no CUDA graph, no PDL overlap); device "
+                    "time of the kernels each launch ran"}
 
 
 def breakdown_table(p: dict, top: int = 4) -> str:
@@ -124,16 +139,20 @@ def breakdown_table(p: dict, top: int = 4) -> str:
         ops = ", ".join(f"{o} {us:.0f}" for o, us in list(d["ops"].items())[:top])
         lines.append(f"| {k} | {d['layers']} | {d['us'] / 1e3:.3f} | {d['us'] / p['device_us_total']:.0%} | "
                      f"{d['us_per_layer']:.1f} | {ops} |")
+    lines += ["", "largest ops over the step (us/step): " + ", ".join(
+        f"{o} {us:.0f}" for o, us in list(p["by_op"].items())[:8])]
+    if p.get("device_us_unattributed"):
+        lines.append(f"(kernels outside any launch's range: {p['device_us_unattributed']:.0f} us/step)")
     return "\n".join(lines)
 
 
 def profile_replay(fn, device, reps: int = 3) -> dict:
-    """Kernels per call and their summed device µs when `fn` (a CUDA-graph replay) runs `reps` times: against the
-    replay's measured time this says how much of a step is kernels and how much is gaps between them."""
+    """Kernels per call of `fn` (a CUDA-graph replay) under the profiler. (Their summed durations are not the
+    step's time: a PDL kernel starts before its predecessor ends and waits inside, so the durations overlap.)"""
     from torch.profiler import ProfilerActivity, profile
 
     if device.type != "cuda":
-        return {"kernels": 0, "kernel_us": 0.0, "note": "no device"}
+        return {"kernels": 0, "note": "no device"}
     fn()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -141,4 +160,4 @@ def profile_replay(fn, device, reps: int = 3) -> dict:
             fn()
         torch.cuda.synchronize(device)
     ev = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    return {"kernels": len(ev) / reps, "kernel_us": sum(e.device_time for e in ev) / reps}
+    return {"kernels": len(ev) / reps}
