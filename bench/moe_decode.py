@@ -82,6 +82,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--tokens", default="1,8")
+    ap.add_argument("--variants", default=None, help="comma-separated variant labels (default: all)")
     ap.add_argument("--ncu", action="store_true", help="only launch both stages (default render, re-laid out, "
                     "T = first of --tokens) 3 times, no graphs, no timing: for `ncu --clock-control none`")
     a = ap.parse_args(argv)
@@ -112,7 +113,8 @@ def main(argv=None) -> dict:
         rows.append(dict(T=T, layout="-", variant="torch.sum, L2 warm", us=read, tb_s=nbytes / read / 1e6))
         ref = y_reference(x, idx, raw)
         for lname, params in layouts.items():
-            for vname, cover, oover in VARIANTS if lname == "relaid" else VARIANTS[:1]:
+            chosen = [v for v in VARIANTS if a.variants is None or v[0] in a.variants.split(",")]
+            for vname, cover, oover in chosen if lname == "relaid" else chosen[:1]:
                 consts = dict(mod.constexprs(T, lname == "relaid"), **cover)
                 opts = dict(mod.OPTIONS, **oover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
