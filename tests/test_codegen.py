@@ -63,6 +63,29 @@ def test_sm100_package_says_it_was_never_measured():
     assert all(v["measured_on_hardware"].startswith("never") for v in man["kernels"].values())
 
 
+def test_manifest_records_the_experts_relayout(tiny_spec_bf16):
+    """sm90: each MoE layer's NVFP4 experts are re-laid out at load (both MoE kernels read that layout), named in
+    `load_transforms` and in the MoE kernels' weight layouts; not on sm100 (its prefill kernel's tl.dot_scaled reads
+    the ModelOpt bytes) nor for bf16 experts (a library call)."""
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+    man = compile_package(tiny, passes=ALL, phases=("decode",)).manifest()
+    lt = man["load_transforms"]["moe_experts"]
+    assert lt["transform"] == "nvfp4 relayout (moe_nvfp4_decode.relayout)" and lt["layers"] == [3, 4, 5, 6, 7]
+    assert lt["params"][:6] == [f"model.layers.3.mlp.experts.{p}" for p in (
+        "gate_up_proj.weight", "gate_up_proj.weight_scale", "gate_up_proj.weight_scale_2", "down_proj.weight",
+        "down_proj.weight_scale", "down_proj.weight_scale_2")] and len(lt["params"]) == 30
+    decode = [n for n, k in man["kernels"].items() if k["template"] == "moe_nvfp4_decode.py.j2"]
+    assert lt["function"] == [f"kernels/{decode[0]}.py: relayout"]
+    for k in man["kernels"].values():
+        if k["template"].startswith("moe_nvfp4"):
+            layouts = {w["param"].rsplit(".", 1)[-1]: w["layout"] for w in k["weights"]}
+            assert layouts == {"weight": "nvfp4 relayout (moe_nvfp4_decode.relayout) at load",
+                               "weight_scale": "nvfp4 relayout (moe_nvfp4_decode.relayout) at load",
+                               "weight_scale_2": "as stored (this rank's slice)"}, layouts
+    assert compile_package(tiny, target="sm100", passes=ALL, phases=("decode",)).manifest()["load_transforms"] == {}
+    assert compile_package(tiny_spec_bf16, passes=ALL, phases=("decode",)).manifest()["load_transforms"] == {}
+
+
 def test_an_op_without_emitter_is_a_compile_error_naming_op_and_layer(monkeypatch):
     from beamc.codegen.registry import EMITTERS
 

@@ -12,11 +12,20 @@
    (the interpreter has no e4m3-scaled dot_scaled: the same tile dequantised and tl.dot'ed, the global scale on the
    sums: what that path computes, indexing and epilogue included). One bf16 instance against the reference's
    composition rounded the interpreter's way (its bf16 conversion truncates): the rounding points.
+   Re-laid-out weights (`moe_nvfp4_decode.relayout`, what the runtime feeds both MoE kernels on sm90): y and h
+   bitwise equal to the ModelOpt-layout run of the same module, weights with a zero-scale block (nonzero codes) and
+   negative scales, in fp32 (the tiny spec's shapes: gate_up K steps of one whole chunk, down steps of part of one;
+   an odd shape, H 512: gate_up steps of 2 of a chunk's 4 G groups) and in bf16 (the tiny spec's: gate_up steps of
+   2 whole chunks; H 1024, I 64: steps of half a 256-value chunk and of one 64-value chunk, as at TP 8); the
+   NATIVE_FP4 render refuses them.
 2. bf16 instances compile ahead of time: the full spec's TP-8 shapes (E 256, H 5120, I 320, top-k 8) for sm_90a and
    sm_100a, the NATIVE_FP4 path (tl.dot_scaled) for sm_100a, the tiny spec's; tensor-core MMAs, K loops pipelined
    (cp.async), PDL facts (launch_dependents first, one wait with no load or store before it), no flush-to-zero,
-   shared memory within a block's limit.
-3. The rendered module keeps the contract of `beamc.codegen.kernel` (launcher args = the decode template's).
+   shared memory within a block's limit. The re-laid-out weights' instances (RELAID, int32 / uint8 pointers: what a
+   launch with them specialises to) at the TP-8 shapes for sm_90a and sm_100a and the tiny spec's for sm_90a: as many
+   16-byte cp.async copies as the ModelOpt layout's (the loads stay vectorised), no local memory.
+3. The rendered module keeps the contract of `beamc.codegen.kernel` (launcher args = the decode template's); its
+   relayout constants (chunks, bit positions) are `moe_nvfp4_decode`'s.
 GPU numerics (bf16 vs an fp32 reference, M up to 16384, skewed routings, CUDA graphs) are
 tests/gpu/test_kernels_moe_prefill_gpu.py's.
 """
@@ -35,7 +44,7 @@ from beamc.ir.reference import REFS, expert_weights, swiglu_ref
 from beamc.spec import load_spec
 from conftest import assert_template_contract, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
-from test_kernels_moe import moe_constants, nvfp4_experts
+from test_kernels_moe import _local_bytes, moe_constants, nvfp4_experts
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "moe_nvfp4_prefill"
@@ -175,6 +184,53 @@ def run_bf16_case(kdir: Path) -> dict:
     return compare_rounding_points(y, x, idx, params, round_weights=True)
 
 
+# name: (E, H, I, top-k, T, dtype, extra constants): re-laid-out weights vs ModelOpt's, bitwise
+RELAID_CASES = {
+    "relaid-tiny-f32": (16, 256, 64, 4, 2, "f32", {}),
+    "relaid-odd-f32": (5, 512, 96, 3, 2, "f32", dict(BLOCK_N2=256)),  # (fewer, wider programs: the interpreter's time)
+    "relaid-tiny-bf16": (16, 256, 64, 4, 3, "bf16", {}),
+    "relaid-tp8-steps-bf16": (5, 1024, 64, 2, 4, "bf16", {}),
+}
+
+
+def run_relaid_case(name: str, kdir: Path) -> dict:
+    """The prefill kernel on `moe_nvfp4_decode.relayout`'s weights gives the same bits (y and h) as on the ModelOpt
+    tensors they come from; blocks with a zero scale (nonzero codes) and negative scales included."""
+    E, H, I, k, T, dtype, extra = RELAID_CASES[name]
+    small = dict(BLOCK_M=16, SORT_CHUNK=16, NUM_WARPS=4, PDL=False) if dtype == "bf16" else {}
+    c = prefill_constants(E, H, I, k, dtype, **small, **extra)
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", c), kdir)
+    assert mod.RELAYOUT_OK and (mod.RK0, mod.RK1) == (decode.BK0, decode.BK1)
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    params = nvfp4_experts(E, H, I, g)
+    params[1][0, 0, 0] = 0.0  # a zero-scale block (its codes are not zero): weights 0
+    params[1][1, I + 3, 1] = -params[1][1, I + 3, 1].float()  # negative scales: the relayout flips the codes' signs
+    params[4][0, 5, 0] = -params[4][0, 5, 0].float()
+    params[4][1, 7, 1] = 0.0
+    relaid = decode.relayout(params)
+    tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    x = torch.randn(T, H, generator=g).to(tdt)
+    idx = routing("dup", T, E, k, g)
+    idx[-1, :2] = torch.tensor([0, 1])  # the experts with the zero and negative scales
+    outs = []
+    for p in (params, relaid):
+        y = torch.full((T, k, H), float("nan"), dtype=tdt)
+        scratch = torch.full((mod.scratch_numel(T),), float("nan"), dtype=tdt)
+        mod.launch(x, idx, *p, y, scratch)
+        outs.append((y, mod.scratch_views(scratch, T)))
+    (y0, v0), (y1, v1) = outs
+    assert torch.isfinite(y0).all()
+    ints = torch.int32 if dtype == "f32" else torch.int16
+    same_y = torch.equal(y0.view(ints), y1.view(ints))
+    valid = torch.zeros(len(v0["sorted"]), dtype=torch.bool)  # the rows of h written (the sort's valid rows)
+    for e in range(E):
+        valid[v0["start"][e]:v0["start"][e] + v0["count"][e]] = True
+    same_h = torch.equal(v0["h"][valid].contiguous().view(ints), v1["h"][valid].contiguous().view(ints))
+    assert same_y and same_h, (same_y, same_h, (y0.float() - y1.float()).abs().max().item())
+    return dict(rows=int(valid.sum()), k_steps_and_chunks=[(mod.BLOCK_K, mod.RK0), (mod.BLOCK_K2, mod.RK1)])
+
+
 def _interpreted_main(out: str) -> None:
     """Run in a subprocess with TRITON_INTERPRET=1: every case -> {name: {ok, ...}}."""
     import json
@@ -192,6 +248,23 @@ def _interpreted_main(out: str) -> None:
         results["bf16-rounding"] = dict(ok=True, **run_bf16_case(kdir))
     except Exception:  # noqa: BLE001
         results["bf16-rounding"] = dict(ok=False, error=traceback.format_exc())
+    for name in RELAID_CASES:
+        try:
+            results[name] = dict(ok=True, **run_relaid_case(name, kdir))
+        except Exception:  # noqa: BLE001
+            results[name] = dict(ok=False, error=traceback.format_exc())
+    try:  # the NATIVE_FP4 path reads ModelOpt bytes only: re-laid-out weights are refused before any launch
+        c = prefill_constants(7, 128, 32, 2, NATIVE_FP4=True)
+        mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
+        decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", c), kdir)
+        relaid = decode.relayout(nvfp4_experts(7, 128, 32, torch.Generator().manual_seed(1)))
+        try:
+            mod.launch(torch.zeros(2, 128), torch.zeros(2, 2, dtype=torch.long), *relaid, torch.empty(2, 2, 128))
+            results["native-refuses-relaid"] = dict(ok=False, error="launched")
+        except AssertionError as e:
+            results["native-refuses-relaid"] = dict(ok="NATIVE_FP4" in str(e) and not mod.RELAYOUT_OK)
+    except Exception:  # noqa: BLE001
+        results["native-refuses-relaid"] = dict(ok=False, error=traceback.format_exc())
     try:  # T = 0: nothing launched, nothing written
         mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", prefill_constants(5, 64, 32, 2)), kdir)
         params = nvfp4_experts(5, 64, 32, torch.Generator().manual_seed(0))
@@ -214,6 +287,12 @@ def test_interpreted_fp32_matches_reference(case, interpreted):
     assert r["ok"], f"{case}:\n{r.get('error')}"
 
 
+@pytest.mark.parametrize("case", list(RELAID_CASES) + ["native-refuses-relaid"])
+def test_interpreted_relaid_weights_give_the_same_bits(case, interpreted):
+    r = interpreted[case]
+    assert r["ok"], f"{case}:\n{r.get('error')}"
+
+
 # ---------------------------------------------------------------- 2. ahead-of-time compilation
 def _full() -> dict:
     """The full spec's MoE shapes at TP 8 (E 256, H 5120, I 2560 / 8 = 320, top-k 8): the moe_experts node's inputs
@@ -231,6 +310,10 @@ VARIANTS = {
     "full-tp8-native@100": (_full, dict(NATIVE_FP4=True), 100),
     "tiny-tp1@90": (_tiny, {}, 90),
     "tiny-tp1-no-pdl@100": (_tiny, dict(PDL=False), 100),
+    # re-laid-out weights (the launch's RELAID constexpr and int32 / uint8 pointers; not a template constant)
+    "full-tp8-relaid@90": (_full, dict(RELAID=True), 90),
+    "full-tp8-relaid@100": (_full, dict(RELAID=True), 100),
+    "tiny-tp1-relaid@90": (_tiny, dict(RELAID=True), 90),
 }
 
 
@@ -248,11 +331,18 @@ def _compile(variant: str, directory: str) -> dict:
     """One AOT compile in a worker process (the interpreter off): what the test asserts about its output."""
     os.environ.pop("TRITON_INTERPRET", None)
     constants, extra, arch = VARIANTS[variant]
+    extra = dict(extra)
+    relaid = extra.pop("RELAID", False)
     c = dict(constants(), **extra)
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), directory)
+    if relaid:  # what a launch with re-laid-out weights compiles
+        assert mod.RELAYOUT_OK
+        mod.SIGNATURE, mod.CONSTEXPRS = mod.SIGNATURE_RELAID, dict(mod.CONSTEXPRS, RELAID=True)
     ck = aot_compile(mod, arch)
     ptx = ck.asm["ptx"]
-    return dict(arch=arch, native=bool(c.get("NATIVE_FP4")), pdl=mod.PDL, options=dict(mod.OPTIONS),
+    return dict(arch=arch, native=bool(c.get("NATIVE_FP4")), relaid=relaid, pdl=mod.PDL, options=dict(mod.OPTIONS),
+                cp16=len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx)),
+                local=_local_bytes(ck.asm["cubin"]),
                 num_warps=mod.NUM_WARPS, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 launch_pdl=bool(ck.metadata.launch_pdl), target=f".target sm_{arch}a" in ptx,
                 wgmma="wgmma.mma_async" in ptx, tcgen05="tcgen05.mma" in ptx,
@@ -292,6 +382,9 @@ def test_bf16_aot_compiles(variant, compiled):
         assert r["e2m1_cvt"], r  # e2m1 converted on the dot_scaled path
     if variant.startswith("full"):
         assert r["tiles"] == (128, 0, 0), r
+    if r["relaid"]:  # the re-laid-out weights' loads as vectorised as the ModelOpt bytes'; no spills
+        modelopt = compiled[variant.replace("-relaid", "")].result()
+        assert r["cp16"] == modelopt["cp16"] > 0 and r["local"] in (0, None), (r, modelopt["cp16"])
 
 
 # ---------------------------------------------------------------- 3. the contract
@@ -303,6 +396,15 @@ def test_rendered_module_contract(kdir):
     assert inspect.signature(mod.launch).parameters["scratch"].default is None
     assert_template_contract(mod)
     assert mod.NATIVE_FP4 is False and mod.MIN_T == 65
+    # the relayout it reads is moe_nvfp4_decode's (chunks, bit positions); the launch's pointer types with it
+    for c in (_tiny(), _full()):
+        p, d = (load_kernel(KernelSpec(t, "moe_experts", c), kdir) for t in (TEMPLATE, "moe_nvfp4_decode"))
+        assert (p.RK0, p.RK1, p.MAG, p.SGN) == (d.BK0, d.BK1, d.MAG, d.SGN) and p.RELAYOUT_OK
+        assert p.constexprs(True) == dict(p.CONSTEXPRS, RELAID=True, INTERPRET=False)
+    assert {k: v for k, v in mod.SIGNATURE_RELAID.items() if v != mod.SIGNATURE[k]} == dict(
+        gu_codes_ptr="*i32", gu_scale_ptr="*u8", dn_codes_ptr="*i32", dn_scale_ptr="*u8")
+    native = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_full(), NATIVE_FP4=True)), kdir)
+    assert not native.RELAYOUT_OK
     off = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_tiny(), PDL=False)), kdir)
     assert off.OPTIONS == dict(mod.OPTIONS, launch_pdl=False) and "gdc_" not in inspect.getsource(off)
     # scratch: h [NB * BLOCK_M, I] then the sort's int32 arrays; NB = cdiv(T k, BLOCK_M) + min(E, T k)

@@ -2,7 +2,10 @@
 Triton's CPU interpreter in a child process: logits equal the reference session's (rel < 1e-5) through ragged
 prefill, padded decode batches, chunked prefill past a sliding ring's wrap, slot reuse and caller-supplied block
 tables; every bad call refused with caches untouched; padding rows never touch a real sequence's cache; the CLI's
-`logits --backend compiled` and `generate --json`. In-process (no kernel imported): package checks, buffer
+`logits --backend compiled` and `generate --json`. The NVFP4 experts of an sm90 package re-laid out at load (from a
+checkpoint and from a caller's weights dict, which stays as it was; layer by layer, the ModelOpt tensors released as
+it goes), in a child process without running a step (the MoE kernels on those weights: tests/test_kernels_moe*.py).
+In-process (no kernel imported): package checks (one whose manifest lacks the load transforms is refused), buffer
 planning and sampling."""
 from __future__ import annotations
 
@@ -148,6 +151,78 @@ def _interpreted_main(out: str, spec_yaml: str, ckpt: str) -> None:
     mb.release("p")
     r["tables_errors"]["new_seq_without_table"] = error(lambda: mb.prefill(["r"], [[1, 2]]))
     Path(out).write_text(json.dumps(r))
+
+
+def _relayout_main(out: str, ckpt: str) -> None:
+    """The child of test_nvfp4_experts_are_relaid_at_load (TRITON_INTERPRET=1; no step runs)."""
+    import gc
+    import weakref
+
+    from beamc.checkpoint.loader import load_rank_weights
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.model import Model
+    from beamc.spec import load_spec
+
+    spec = load_spec(TINY)
+    pkg = compile_package(spec, passes=select_passes("all"), dtype="f32").write(Path(out).parent / "pkg")
+    kw = dict(device="cpu", max_batch=1, max_context=16, max_prefill_tokens=16)
+    m = Model.load(pkg, ckpt, **kw)  # from the checkpoint
+    plan = m.package.nvfp4_relayouts()
+    names = [n for e in plan for n in e["params"]]
+    stored = load_rank_weights(spec, ckpt, tp=1, rank=0, dtype=torch.float32)
+    before = {n: (t, t.clone()) for n, t in stored.items()}
+    m2 = Model.load(pkg, weights=stored, **kw)  # from a caller's dict
+    mod = m.step_module.K[plan[0]["kernel"]]
+    changed = {n for n in names if m.weights[n].dtype != stored[n].dtype}  # codes and block scales
+    r = {"layers": [e["layer"] for e in plan],
+         "manifest_layers": m.manifest["load_transforms"]["moe_experts"]["layers"],
+         "dtypes": {n.rsplit(".", 1)[-1]: str(m.weights[n].dtype) for n in names},
+         "relaid": all(torch.equal(m.weights[n], t) for e in plan
+                       for n, t in zip(e["params"], mod.relayout([stored[n] for n in e["params"]]))),
+         "both_loads_equal": all(torch.equal(m.weights[n], m2.weights[n]) for n in m.weights),
+         "caller_untouched": set(stored) == set(before) and all(stored[n] is t and torch.equal(t, c)
+                                                                for n, (t, c) in before.items()),
+         "others_shared": all(m2.weights[n] is stored[n] for n in m2.weights if n in stored and n not in changed),
+         "changed": len(changed)}
+    # layer by layer: when layer i is re-laid out, the ModelOpt codes / scales of layers < i are already freed
+    owned = {n: stored[n].clone() for n in names}
+    refs = [weakref.ref(owned[n]) for n in names if n in changed]
+    out_ = dict(owned)
+    alive, orig = [], mod.relayout
+
+    def spy(params):
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in refs))
+        return orig(params)
+
+    mod.relayout = spy
+    try:
+        m._relayout_experts(out_, owned)
+    finally:
+        mod.relayout = orig
+    gc.collect()
+    r["alive_at_each_layer"] = alive
+    r["alive_after"] = sum(ref() is not None for ref in refs)
+    r["owned_left"] = sorted(owned)
+    Path(out).write_text(json.dumps(r))
+
+
+def test_nvfp4_experts_are_relaid_at_load(tiny_ckpt_nvfp4, tmp_path):
+    """An sm90 package's NVFP4 experts (the decode and the prefill MoE kernel read one re-laid-out copy): Model.load
+    replaces each MoE layer's codes and block scales by `moe_nvfp4_decode.relayout`'s (int32 / uint8; global scales
+    as they were), from a checkpoint or a caller's weights dict, which keeps its own tensors (no key, tensor or value
+    changed) while the model shares all the others; one layer at a time, the loaded ModelOpt tensors freed as it
+    goes (peak: one layer's experts more)."""
+    out = tmp_path / "relayout.json"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
+            f"t._relayout_main({str(out)!r}, {str(tiny_ckpt_nvfp4)!r})")
+    r = run_interpreted(["-c", code], out)
+    assert r["layers"] == r["manifest_layers"] == [3, 4, 5, 6, 7], r
+    assert r["dtypes"] == {"weight": "torch.int32", "weight_scale": "torch.uint8", "weight_scale_2": "torch.float32"}
+    assert r["relaid"] and r["both_loads_equal"] and r["caller_untouched"] and r["others_shared"], r
+    assert r["changed"] == 5 * 4 and r["alive_at_each_layer"] == [20, 16, 12, 8, 4] and r["alive_after"] == 0, r
+    assert r["owned_left"] == [], r
 
 
 @pytest.fixture(scope="module")
@@ -334,6 +409,14 @@ def test_load_refuses_another_spec_a_stale_package_and_a_cpu_without_the_interpr
     (stale / "step.py").write_text((stale / "step.py").read_text().replace("# ---- layer 3", "# edited"))
     with pytest.raises(BeamcError, match="differs from what this beamc generates"):
         Model.load(stale, tiny_ckpt_nvfp4, device="cpu")
+    old = tmp_path / "old"  # a package from before the experts' relayout (its prefill kernel reads ModelOpt only)
+    shutil.copytree(package, old)
+    man = json.loads((old / "manifest.json").read_text())
+    assert man["load_transforms"]["moe_experts"]["layers"] == [3, 4, 5, 6, 7]
+    del man["load_transforms"]
+    (old / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BeamcError, match="load_transforms differ from the weight transforms this beamc applies"):
+        Model.load(old, tiny_ckpt_nvfp4, device="cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(BeamcError, match="run on a CPU only under Triton's interpreter"):
         Model.load(package, tiny_ckpt_nvfp4, device="cpu")  # the spec comes from the checkpoint's config.json

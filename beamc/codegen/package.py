@@ -2,7 +2,8 @@
 
 DIR/manifest.json   spec name + hash, target, tp/rank, passes, dtypes; every kernel (template, constants, grid rule,
                     the IR values it reads and writes, weights and their load-time layout, measured or not); every
-                    library call with the issue that replaces it; the scratch buffers of each step
+                    library call with the issue that replaces it; the scratch buffers of each step; the load-time
+                    weight transforms the runtime applies (`load_transforms`: the NVFP4 experts' relayout)
 DIR/kernels/*.py    one readable Triton module per distinct kernel (nodes with equal constants share one)
 DIR/step.py         the decode and prefill schedules: one launch per line in graph order, grouped by layer
 DIR/spec.json       the spec it was compiled from (the runtime checks it against the manifest's hash)
@@ -27,6 +28,7 @@ from beamc.ir.ops import OPS
 from beamc.spec.schema import ModelSpec
 
 TARGETS = {"sm90": 90, "sm100": 100}
+RELAYOUT = "nvfp4 relayout (moe_nvfp4_decode.relayout)"  # the load-time transform of NVFP4 experts (manifest)
 MEASURED = {"sm90": "checked on the H200 by tests/gpu (see bench/results/)",
             "sm100": "never: Blackwell is emitted and compile-checked for sm_100a only, never run here"}
 
@@ -57,8 +59,52 @@ class Package:
     dtype: str = "bf16"  # the activations' IR dtype the kernels were specialised for
     page_size: int | None = None  # positions per page of the full layers' paged caches (None: no full layers)
 
+    def nvfp4_relayouts(self) -> list[dict[str, Any]]:
+        """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
+        `relayout`: codes int32 [E, N, K/8], block scales uint8 [E, N, K/16], global scales unchanged): those read by
+        a `moe_nvfp4_decode` launch (its fast path) and otherwise only by launches that read that layout too
+        (`moe_nvfp4_decode`, `moe_nvfp4_prefill` without NATIVE_FP4), in every step. Not on sm100, whose prefill
+        path (NATIVE_FP4, tl.dot_scaled) reads the ModelOpt bytes, nor where no decode kernel is emitted. One entry
+        per layer: {"layer", "params" (the six names, IR order), "kernel" (the decode kernel whose module's
+        `relayout` transforms them)}."""
+        readers: dict[str, list[Launch]] = {}
+        groups: dict[tuple[str, ...], dict[str, Any]] = {}
+        for st in self.steps.values():
+            for node, ln in st.launches:
+                for v in node.inputs:
+                    if v.producer is not None and v.producer.op == "param":
+                        readers.setdefault(v.producer.attrs["name"], []).append(ln)
+                if node.op == "moe_experts" and ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode":
+                    ps = node.inputs[2:8]
+                    if all(v.producer is not None and v.producer.op == "param" for v in ps):
+                        names = tuple(v.producer.attrs["name"] for v in ps)
+                        groups.setdefault(names, {"layer": node.layer, "params": list(names),
+                                                  "kernel": ln.kernel.name})
+
+        def reads_relaid(ln: Launch) -> bool:
+            k = ln.kernel
+            return k is not None and (k.template == "moe_nvfp4_decode" or (
+                k.template == "moe_nvfp4_prefill" and not k.constants.get("NATIVE_FP4")))
+
+        return [g for names, g in groups.items() if all(reads_relaid(ln) for n in names for ln in readers[n])]
+
+    def load_transforms(self) -> dict[str, Any]:
+        """The manifest's `load_transforms`: op -> what the runtime does to its weights at load time ({} if none)."""
+        plan = self.nvfp4_relayouts()
+        if not plan:
+            return {}
+        return {"moe_experts": {
+            "transform": RELAYOUT,
+            "what": "each MoE layer's NVFP4 experts re-laid out once, layer by layer: codes int32 [E, N, K/8], block "
+                    "scales uint8 [E, N, K/16] (the layout of moe_nvfp4_decode's RELAYOUT), global scales unchanged; "
+                    "moe_nvfp4_decode (T <= 64) and moe_nvfp4_prefill (T >= 65) both read that one copy",
+            "function": sorted({f"kernels/{g['kernel']}.py: relayout" for g in plan}),
+            "layers": [g["layer"] for g in plan],
+            "params": [n for g in plan for n in g["params"]]}}
+
     def manifest(self) -> dict[str, Any]:
         spec_json = self.spec.model_dump_json()
+        relaid = {g["params"][i] for g in self.nvfp4_relayouts() for i in (0, 1, 3, 4)}  # (global scales kept)
         uses: dict[str, dict[str, Any]] = {}
         library: dict[str, dict[str, Any]] = {}
         for st in self.steps.values():
@@ -77,7 +123,7 @@ class Package:
                 if ln.choice is not None:
                     u["choice"] = ln.choice
                 if u["example"] is None:
-                    u["example"] = _io_record(node, ln, st.graph)
+                    u["example"] = _io_record(node, ln, st.graph, relaid)
         kernels = {}
         for name, k in self.kernels.items():
             kernels[name] = {"template": f"{k.template}.py.j2", "op": k.op, "constants": k.constants,
@@ -94,6 +140,7 @@ class Package:
             "kernels": kernels,
             "library_calls": {k: {**v, "ops": sorted(v["ops"])} for k, v in library.items()},
             "steps": {p: {"launches": len(st.launches), "scratch": _scratch(st)} for p, st in self.steps.items()},
+            "load_transforms": self.load_transforms(),
         }
 
     def write(self, out_dir: str | Path) -> Path:
@@ -118,8 +165,9 @@ def _jsonable(x):
     return str(x)
 
 
-def _io_record(node, ln: Launch, g: Graph) -> dict[str, Any]:
-    """What one launch reads and writes, with the weights and their load-time layout."""
+def _io_record(node, ln: Launch, g: Graph, relaid: set[str] = frozenset()) -> dict[str, Any]:
+    """What one launch reads and writes, with the weights and their load-time layout (`relaid`: the params the
+    runtime re-lays out, see `Package.nvfp4_relayouts`)."""
     vals = {v.name: v for v in node.inputs + node.outputs}
     params = {v.name: v.producer for v in node.inputs if v.producer is not None and v.producer.op == "param"}
     return {
@@ -127,6 +175,7 @@ def _io_record(node, ln: Launch, g: Graph) -> dict[str, Any]:
                  for a in ln.args],
         "weights": [{"param": p.attrs["name"], "shape": list(p.out.shape), "dtype": p.out.dtype,
                      "layout": ({"packed_from": p.attrs["pack"], "dim": p.attrs["dim"]} if "pack" in p.attrs
+                                else RELAYOUT + " at load" if p.attrs["name"] in relaid
                                 else "as stored (this rank's slice)")} for p in params.values()],
         "example_node": {"layer": node.layer, "op": node.op},
     }

@@ -7,9 +7,10 @@
 
 What `load` does, once: imports the package's `step.py` (by path), checks its manifest against what is asked (spec
 hash, target, tp/rank, activation and KV dtypes), loads this rank's weights (`checkpoint.loader`) with the graph's
-load-time transforms (QKV+gate packing), and allocates every buffer a step touches: the KV caches (pages for full
-layers, rings for sliding ones: `kv_cache.SlotTable`), the step inputs, and every IR value and `scratch:` buffer of
-each step at its largest bucket. Buckets: decode runs at batch 1, 2, 4, ..., max_batch, prefill at token counts 16,
+load-time transforms (QKV+gate packing; on sm90 the NVFP4 experts re-laid out for the MoE kernels, the manifest's
+`load_transforms`), and allocates every buffer a step touches: the KV caches (pages for full layers, rings for
+sliding ones: `kv_cache.SlotTable`), the step inputs, and every IR value and `scratch:` buffer of each step at its
+largest bucket. Buckets: decode runs at batch 1, 2, 4, ..., max_batch, prefill at token counts 16,
 32, ..., max_prefill_tokens (a step is padded to the next bucket). Smaller buckets are views of the same storage and
 values whose lifetimes do not overlap share storage, so each bucket's buffers are fixed addresses: a step can be
 captured in a CUDA graph (`runtime.graphs`; `eager=True` runs without).
@@ -343,6 +344,10 @@ class Model:
         if render_steps(self.package) != (pkg / "step.py").read_text():
             raise BeamcError(str(pkg / "step.py"), "differs from what this beamc generates for the package's spec "
                              "and passes (a stale or edited package)", "recompile the package")
+        if json.loads(json.dumps(self.package.load_transforms())) != m.get("load_transforms", {}):
+            raise BeamcError(str(pkg / "manifest.json"), "its load_transforms differ from the weight transforms this "
+                             "beamc applies at load time (a package from an older beamc: its kernels may not read "
+                             "the weights as they are prepared)", "recompile the package")
         missing = [n for n in self.package.kernels if not (pkg / "kernels" / f"{n}.py").is_file()]
         if missing:
             raise BeamcError(str(pkg / "kernels"), f"kernels {missing[:3]} of step.py are missing",
@@ -433,9 +438,14 @@ class Model:
         self.graphs.capture_decode()
 
     def _load_weights(self, checkpoint, weights, graphs: dict[str, Graph]) -> dict[str, torch.Tensor]:
+        """The model's own dict of every param its steps read, on the device, checked against the graphs' types,
+        with the load-time transforms: packing (`with_packed_weights`) and the NVFP4 experts' relayout
+        (`_relayout_experts`). A caller's `weights` dict is never changed: the model's dict shares its other
+        tensors."""
         from beamc.runtime.interpret import _bind as bind_check, with_packed_weights
 
         wdtype = torch.float32 if self.dtype == "f32" else torch_dtype(self.spec.dtypes.activations)
+        owned = weights is None  # loaded here: its tensors may be released as they are transformed
         if weights is None:
             if checkpoint is None:
                 raise BeamcError("checkpoint", "give a checkpoint directory or a weights dict")
@@ -444,7 +454,7 @@ class Model:
             weights = load_rank_weights(self.spec, checkpoint, tp=self.tp, rank=self.rank, dtype=wdtype,
                                         device=self.device)
         g0 = next(iter(graphs.values()))
-        weights = with_packed_weights(g0, weights)
+        weights = with_packed_weights(g0, weights)  # (a new dict when it packs anything)
         out = {}
         for g in graphs.values():
             for name, node in g.leaves("param").items():
@@ -455,7 +465,24 @@ class Model:
                 t = weights[name].to(self.device)
                 bind_check(node.out, t, {}, f"param {name}")
                 out[name] = t.contiguous()
+        self._relayout_experts(out, weights if owned else None)
         return out  # the unpacked parts of packed params are dropped: no step reads them
+
+    def _relayout_experts(self, out: dict[str, torch.Tensor], owned: dict[str, torch.Tensor] | None) -> None:
+        """The manifest's load_transforms: each MoE layer's six NVFP4 expert params in `out` replaced by their
+        re-laid-out form (`relayout` of the package's moe_nvfp4_decode kernel module: the layout both MoE kernels
+        read on sm90; `Package.nvfp4_relayouts` says which layers), one layer at a time; the ModelOpt tensors are
+        dropped from `out` and from `owned` (the dict loaded here, None for a caller's), so that they are freed as
+        it goes (peak: one layer's experts more) unless the caller holds them."""
+        for entry in self.package.nvfp4_relayouts():
+            names = entry["params"]
+            relayout = self.step_module.K[entry["kernel"]].relayout
+            new = relayout([out[n] for n in names])
+            for n, t in zip(names, new):
+                out[n] = t.contiguous()
+                if owned is not None:
+                    owned.pop(n, None)
+            del new
 
     def _default_pages(self, slot: int) -> list[int]:
         mp = self.pages_per_seq
