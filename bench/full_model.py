@@ -185,6 +185,8 @@ def device_for(a: argparse.Namespace) -> torch.device:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(ap, steps=40, reps=5)
+    ap.add_argument("--profile", choices=("all", "decode"), default="all",
+                    help="which steps to profile by layer kind (the prefill profile takes ~40 s on an H200)")
     a = ap.parse_args(argv)
     device = device_for(a)
     import kernels as kb  # bench/kernels.py: read_bandwidth
@@ -271,7 +273,9 @@ def main(argv=None) -> dict:
                         "tokens": a.batch * a.chunk, "bucket": pkey[1], "first_call_s": round(first_s, 2),
                         "runs_as": model.graphs.status.get(pkey, "?"),
                         "tokens_per_s": a.batch * a.chunk / (statistics.median(pre_replay) / 1e3)}
-    facts["prefill"]["profile"] = pprof = profile_step(model, "prefill", {"T": pkey[1], "R": pkey[2]}, reps=1)
+    pprof = None
+    if a.profile == "all":
+        facts["prefill"]["profile"] = pprof = profile_step(model, "prefill", {"T": pkey[1], "R": pkey[2]}, reps=1)
     facts["graphs"] = model.graphs.summary()
     if device.type == "cuda":
         facts["max_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / GB, 2)
@@ -293,7 +297,8 @@ def main(argv=None) -> dict:
     rp = d["replay_profile"]
     print(f"decode graph replay: {rp['kernels']:.0f} kernels in a {d['ms']:.3f} ms step")
     print(breakdown_table(prof))
-    print(breakdown_table(pprof))
+    if pprof is not None:
+        print(breakdown_table(pprof))
     print(f"wrote {path} ({facts['total_s']} s)")
     return facts
 
