@@ -99,7 +99,8 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
 
     row: dict = {"passes": passes}
     t = time.perf_counter()
-    package = compile_package(spec, tp=a.tp, rank=0, passes=passes, dtype="f32" if a.dry else None)
+    package = compile_package(spec, tp=a.tp, rank=0, passes=passes, dtype="f32" if a.dry else None,
+                              nvfp4_relayout=a.nvfp4_relayout)
     pkg = package.write(tmpdir / tag)
     row["compile_s"] = round(time.perf_counter() - t, 1)
     lib_static = sum(1 for _, ln in package.steps["decode"].launches if ln.kernel is None)

@@ -158,6 +158,7 @@ def add_common_args(ap: argparse.ArgumentParser, steps: int, reps: int) -> None:
     ap.add_argument("--reps", type=int, default=reps, help="timed prefill steps (median)")
     ap.add_argument("--experts", default=None, help="override dtypes.experts (e.g. bf16)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nvfp4-relayout", action="store_true", help="compile with the experimental NVFP4 relayout at load")
     ap.add_argument("--dry", action="store_true", help="the same code path on the tiny spec on a CPU (set "
                     "TRITON_INTERPRET=1): bf16 experts, TP 2, context 40, 2 x 4-token prefill, 2 decode steps")
 
@@ -207,7 +208,7 @@ def main(argv=None) -> dict:
     facts["spec"] = {"name": spec.name, "experts": spec.dtypes.experts,
                      "max_position_embeddings": spec.max_position_embeddings}
     package = compile_package(spec, tp=a.tp, rank=0, passes=select_passes("all"),
-                              dtype="f32" if a.dry else None)
+                              dtype="f32" if a.dry else None, nvfp4_relayout=a.nvfp4_relayout)
     tmp = tempfile.TemporaryDirectory(prefix="beam-full-")
     pkg = package.write(Path(tmp.name) / "pkg")
     facts["compile_s"] = round(time.perf_counter() - t0, 1)

@@ -68,7 +68,9 @@ def test_manifest_records_the_experts_relayout(tiny_spec_bf16):
     `load_transforms` and in the MoE kernels' weight layouts; not on sm100 (its prefill kernel's tl.dot_scaled reads
     the ModelOpt bytes) nor for bf16 experts (a library call)."""
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
-    man = compile_package(tiny, passes=ALL, phases=("decode",)).manifest()
+    assert compile_package(tiny, passes=ALL, phases=("decode",)).manifest()["load_transforms"] == {}  # off by default
+    man = compile_package(tiny, passes=ALL, phases=("decode",), nvfp4_relayout=True).manifest()
+    assert man["nvfp4_relayout"] is True
     lt = man["load_transforms"]["moe_experts"]
     assert lt["transform"] == "nvfp4 relayout (moe_nvfp4_decode.relayout)" and lt["layers"] == [3, 4, 5, 6, 7]
     assert lt["params"][:6] == [f"model.layers.3.mlp.experts.{p}" for p in (
@@ -82,8 +84,10 @@ def test_manifest_records_the_experts_relayout(tiny_spec_bf16):
             assert layouts == {"weight": "nvfp4 relayout (moe_nvfp4_decode.relayout) at load",
                                "weight_scale": "nvfp4 relayout (moe_nvfp4_decode.relayout) at load",
                                "weight_scale_2": "as stored (this rank's slice)"}, layouts
-    assert compile_package(tiny, target="sm100", passes=ALL, phases=("decode",)).manifest()["load_transforms"] == {}
-    assert compile_package(tiny_spec_bf16, passes=ALL, phases=("decode",)).manifest()["load_transforms"] == {}
+    assert compile_package(tiny, target="sm100", passes=ALL, phases=("decode",),
+                           nvfp4_relayout=True).manifest()["load_transforms"] == {}
+    assert compile_package(tiny_spec_bf16, passes=ALL, phases=("decode",),
+                           nvfp4_relayout=True).manifest()["load_transforms"] == {}
 
 
 def test_an_op_without_emitter_is_a_compile_error_naming_op_and_layer(monkeypatch):

@@ -165,7 +165,8 @@ def _relayout_main(out: str, ckpt: str) -> None:
     from beamc.spec import load_spec
 
     spec = load_spec(TINY)
-    pkg = compile_package(spec, passes=select_passes("all"), dtype="f32").write(Path(out).parent / "pkg")
+    pkg = compile_package(spec, passes=select_passes("all"), dtype="f32", nvfp4_relayout=True).write(
+        Path(out).parent / "pkg")
     kw = dict(device="cpu", max_batch=1, max_context=16, max_prefill_tokens=16)
     m = Model.load(pkg, ckpt, **kw)  # from the checkpoint
     plan = m.package.nvfp4_relayouts()
@@ -374,7 +375,7 @@ def package(tiny_spec, tmp_path_factory) -> Path:
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import select_passes
 
-    return compile_package(tiny_spec, passes=select_passes("all"), dtype="f32").write(
+    return compile_package(tiny_spec, passes=select_passes("all"), dtype="f32", nvfp4_relayout=True).write(
         tmp_path_factory.mktemp("pkg") / "pkg")
 
 

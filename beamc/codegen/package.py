@@ -58,6 +58,10 @@ class Package:
     kernels: dict[str, KernelSpec]  # name -> spec, distinct kernels only
     dtype: str = "bf16"  # the activations' IR dtype the kernels were specialised for
     page_size: int | None = None  # positions per page of the full layers' paged caches (None: no full layers)
+    # NVFP4 experts re-laid out at load (`nvfp4_relayouts`). Off by default until the prefill kernel's re-laid-out
+    # path has run on the H200 at the TP-8 shapes (its part-of-a-chunk loads: CPU-interpreter bitwise and Triton 3.6
+    # compile checked, device run pending; see docs/perf-log.md 2026-11-30 third session)
+    nvfp4_relayout: bool = False
 
     def nvfp4_relayouts(self) -> list[dict[str, Any]]:
         """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
@@ -67,6 +71,8 @@ class Package:
         path (NATIVE_FP4, tl.dot_scaled) reads the ModelOpt bytes, nor where no decode kernel is emitted. One entry
         per layer: {"layer", "params" (the six names, IR order), "kernel" (the decode kernel whose module's
         `relayout` transforms them)}."""
+        if not self.nvfp4_relayout:
+            return []
         readers: dict[str, list[Launch]] = {}
         groups: dict[tuple[str, ...], dict[str, Any]] = {}
         for st in self.steps.values():
@@ -140,6 +146,7 @@ class Package:
             "kernels": kernels,
             "library_calls": {k: {**v, "ops": sorted(v["ops"])} for k, v in library.items()},
             "steps": {p: {"launches": len(st.launches), "scratch": _scratch(st)} for p, st in self.steps.items()},
+            "nvfp4_relayout": self.nvfp4_relayout,
             "load_transforms": self.load_transforms(),
         }
 
@@ -226,10 +233,13 @@ def render_steps(pkg: Package) -> str:
 
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
-                    phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True) -> Package:
+                    phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
+                    nvfp4_relayout: bool = False) -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
-    and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL)."""
+    and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
+    `nvfp4_relayout`: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (experimental: see
+    `Package.nvfp4_relayout`); recorded in the manifest."""
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
     compiled = compile_spec(spec, tp=tp, ranks=[rank], passes=passes, phases=phases, dtype=dtype, logits="last")
@@ -251,4 +261,4 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     assert (TEMPLATES / "step.py.j2").exists()
     pools = [n.out.shape for n in steps[phases[0]].graph.leaves("state").values() if n.out.shape[0] == "P"]
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
-                   page_size=pools[0][1] if pools else None)
+                   page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout)
