@@ -123,3 +123,37 @@ def test_last_row_logits_graph_equals_the_rows_of_the_full_one(tiny_spec, weight
         outs[mode] = Interpreter([g], weights_f32[1]).run({**inputs, **extra}, states)[0]["logits"]
     # equal up to the lm_head GEMM's rounding, which depends on how many rows it multiplies (2 vs 30)
     assert rel_err(outs["last"], outs["all"][[19, 29]]) < 1e-6
+
+
+def test_list_capacity_check_equals_the_tensor_one():
+    """The runtime's small-step check (`check_kv_capacity_lists`, int lists) passes and fails exactly where the
+    reference's tensor check does, with the same message: rings (sliding and full) and paged caches, random steps
+    with repeated positions, spans past the ring, pages past the table or the pool, shared rows."""
+    from beamc.errors import BeamcError
+    from beamc.ir.reference import check_kv_capacity, check_kv_capacity_lists
+
+    g = torch.Generator().manual_seed(0)
+
+    def outcome(fn, *args):
+        try:
+            fn(*args)
+            return None
+        except BeamcError as e:
+            return str(e)
+
+    seen = {None: 0, "err": 0}
+    for trial in range(400):
+        n = int(torch.randint(1, 9, (), generator=g))
+        slot = torch.randint(0, 4, (n,), generator=g)
+        pos = torch.randint(0, 40, (n,), generator=g)
+        paged = trial % 2 == 1
+        if paged:
+            table = torch.randint(-1, 12, (5, 3), generator=g, dtype=torch.int32)
+            args = (8, None, table, 10)
+        else:
+            args = (int(torch.randint(4, 48, (), generator=g)), [None, 8][trial % 4 // 2], None, 0)
+        a = outcome(check_kv_capacity, slot, pos, *args)
+        b = outcome(check_kv_capacity_lists, slot.tolist(), pos.tolist(), *args)
+        assert a == b, (trial, a, b)
+        seen[None if a is None else "err"] += 1
+    assert seen[None] > 20 and seen["err"] > 20, seen

@@ -119,6 +119,42 @@ def check_kv_capacity(slot: torch.Tensor, pos: torch.Tensor, cap: int, window: i
                              f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
 
 
+def check_kv_capacity_lists(slot: list[int], pos: list[int], cap: int, window: int | None,
+                            block_table: torch.Tensor | None = None, pages: int = 0) -> None:
+    """`check_kv_capacity` on plain int lists (the same checks, the same first error and message): for the runtime's
+    small steps (a decode batch), where a few Python comparisons cost less than torch's per-op overhead."""
+    if block_table is not None:
+        width = block_table.shape[1]
+        for s, p in zip(slot, pos):
+            if p // cap >= width:
+                raise BeamcError("kv cache", f"slot {s} position {p} needs page {p // cap} of its block table, "
+                                 f"which has {width}", "give the sequence a longer block table")
+        # the step's table entries in one gather (not the whole table: 100K contexts have thousands of pages a row)
+        entries = block_table[torch.tensor(slot), torch.tensor([p // cap for p in pos])].tolist()
+        for s, p, page in zip(slot, pos, entries):
+            if page < 0 or page >= pages:
+                raise BeamcError("kv cache", f"slot {s} position {p}: its block table points at page {page}, outside "
+                                 f"the pool of {pages} pages", "fix the block table")
+        rows_seen = {page * cap + p % cap for p, page in zip(pos, entries)}
+        if len(rows_seen) != len(pos):
+            raise BeamcError("kv cache", "two tokens of one step write the same cache row (a position given twice, or "
+                             "two sequences sharing a page)", "give each token its own position and page")
+        return
+    per: dict[int, list[int]] = {}
+    for s, p in zip(slot, pos):
+        per.setdefault(s, []).append(p)
+    for s in sorted(per):  # torch.unique's order: ascending slots
+        ps = per[s]
+        lo, hi, n = min(ps), max(ps), len(ps)
+        if len(set(ps)) != n:
+            raise BeamcError("kv cache", f"slot {s} is given position {lo}..{hi} twice in one step",
+                             "each token of a sequence needs its own position")
+        first = max(lo - window + 1, 0) if window else 0
+        if hi + 1 - first > cap:
+            raise BeamcError("kv cache", f"slot {s} needs positions {first}..{hi} in one step but the cache holds "
+                             f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
+
+
 def _check_pages(slot, pos, page_size: int, block_table, pages: int) -> None:
     idx = pos // page_size
     far = idx >= block_table.shape[1]

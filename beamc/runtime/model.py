@@ -43,6 +43,7 @@ from beamc.ir.ops import OPS
 from beamc.runtime.kv_cache import SlotTable, alloc_states
 
 ALIGN = 256  # bytes: every buffer starts on this boundary of the arena
+SMALL_CHECK_TOKENS = 512  # steps of at most this many tokens check their cache writes on int lists (cheaper than torch)
 
 
 def buckets(limit: int, first: int = 1) -> list[int]:
@@ -743,10 +744,8 @@ class Model:
                     raise BeamcError(f"seq {sid!r}", f"its block table has {len(pages)} pages "
                                      f"({have} positions), too few for {end} positions",
                                      "give the sequence more pages")
-        ids = torch.tensor(plan["input_ids"], dtype=torch.int64)
-        pos = torch.tensor(plan["positions"], dtype=torch.int64)
-        slots = torch.tensor(plan["slots"], dtype=torch.int64)
-        self._check_caches(slots, pos, table)
+        ids, pos, slots = plan["input_ids"], plan["positions"], plan["slots"]  # int lists
+        self._check_caches(plan["slots"], plan["positions"], table)
         # ---- commit: slots, tables, lengths; then the launch
         for sid in new:
             self.seqs[sid] = _Seq(slot_of[sid])
@@ -837,13 +836,18 @@ class Model:
                 plan.add((shape[1], n.attrs.get("window"), bool(n.attrs.get("paged")), shape[0]))
         return sorted(plan, key=repr)
 
-    def _check_caches(self, slots, pos, table) -> None:
+    def _check_caches(self, slots: list[int], pos: list[int], table) -> None:
         """The reference's cache checks (ring spans, pages within the table and the pool, distinct rows) on the
-        step's real tokens, before any launch."""
-        from beamc.ir.reference import check_kv_capacity
+        step's real tokens, before any launch: on int lists for small steps (a decode batch: torch's per-op cost
+        would be most of the step's host time), as tensors for long prefill steps."""
+        from beamc.ir.reference import check_kv_capacity, check_kv_capacity_lists
 
+        small = len(pos) <= SMALL_CHECK_TOKENS
+        if not small:
+            slots, pos = torch.tensor(slots, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64)
         for cap, window, paged, pool in self._cache_checks:
-            check_kv_capacity(slots, pos, cap, window, table if paged else None, pool)
+            (check_kv_capacity_lists if small else check_kv_capacity)(slots, pos, cap, window,
+                                                                      table if paged else None, pool)
 
     def _launch(self, phase: str, ids, pos, slots, rows: list[int]) -> torch.Tensor:
         n, r = len(ids), len(rows)
@@ -859,9 +863,10 @@ class Model:
         self.graphs.prepare(key, v)  # captures a graph for this bucket (on padding inputs) the first time
         pad = size - n
         ins = self.inputs[phase]
-        ins["input_ids"][:size].copy_(torch.cat([ids, torch.zeros(pad, dtype=torch.int64)]))
-        ins["positions"][:size].copy_(torch.cat([pos, torch.arange(pad, dtype=torch.int64) % self._pad_mod]))
-        ins["slots"][:size].copy_(torch.cat([slots, torch.full((pad,), self.pad_slot, dtype=torch.int64)]))
+        # padding tokens: id 0, distinct positions, the padding slot (one host tensor per input, one copy each)
+        ins["input_ids"][:size].copy_(torch.tensor(ids + [0] * pad, dtype=torch.int64))
+        ins["positions"][:size].copy_(torch.tensor(pos + [i % self._pad_mod for i in range(pad)], dtype=torch.int64))
+        ins["slots"][:size].copy_(torch.tensor(slots + [self.pad_slot] * pad, dtype=torch.int64))
         if "logit_rows" in ins:
             ins["logit_rows"][:rb].copy_(torch.tensor(rows + [0] * (rb - r), dtype=torch.int64))
         self.graphs.run(key, v)
