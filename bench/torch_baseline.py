@@ -52,10 +52,17 @@ import math
 import statistics
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: full_model's timing helpers
+from full_model import sync as _sync  # noqa: E402
+from full_model import timed as _timed  # noqa: E402
 
 FP8_MAX = 448.0
 CHUNK_ELEMS = 1 << 26  # expert conversion: at most this many fp32 values of temporaries per chunk of experts
@@ -484,29 +491,6 @@ class TorchBaseline(nn.Module):
 
 
 # ---------------------------------------------------------------- the benchmark row
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device: torch.device, reps: int) -> list[float]:
-    """ms of each of `reps` calls: CUDA events around each call on a GPU, wall time on a CPU."""
-    out = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e3)
-    return out
-
-
 def _graphed(fn, *args):
     """(replay, output tensor): fn(*args) captured by hand into one CUDA graph after two warm-up calls on a side
     stream (where torch.compile'd parts compile and autotune), replayed once so that the output holds values."""

@@ -105,18 +105,23 @@ def check_kv_capacity(slot: torch.Tensor, pos: torch.Tensor, cap: int, window: i
     the sequence's block table and its page in the pool, and no two tokens of the step may land on one row. Distinct
     rows make the scatter deterministic on every device."""
     if block_table is not None:
-        _check_pages(slot, pos, cap, block_table, pages)
+        idx = pos // cap
+        far = idx >= block_table.shape[1]
+        if bool(far.any()):
+            i = int(far.nonzero()[0])
+            raise _far_page(int(slot[i]), int(pos[i]), cap, block_table.shape[1])
+        page = block_table[slot, idx].long()
+        bad = (page < 0) | (page >= pages)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise _page_outside(int(slot[i]), int(pos[i]), int(page[i]), pages)
+        rows = page * cap + pos % cap
+        if torch.unique(rows).numel() != rows.numel():
+            raise _shared_row()
         return
     for s in torch.unique(slot).tolist():
         p = pos[slot == s]
-        lo, hi, n = int(p.min()), int(p.max()), p.numel()
-        if torch.unique(p).numel() != n:
-            raise BeamcError("kv cache", f"slot {s} is given position {lo}..{hi} twice in one step",
-                             "each token of a sequence needs its own position")
-        first = max(lo - window + 1, 0) if window else 0
-        if hi + 1 - first > cap:
-            raise BeamcError("kv cache", f"slot {s} needs positions {first}..{hi} in one step but the cache holds "
-                             f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
+        _check_span(s, int(p.min()), int(p.max()), torch.unique(p).numel() == p.numel(), cap, window)
 
 
 def check_kv_capacity_lists(slot: list[int], pos: list[int], cap: int, window: int | None,
@@ -127,51 +132,47 @@ def check_kv_capacity_lists(slot: list[int], pos: list[int], cap: int, window: i
         width = block_table.shape[1]
         for s, p in zip(slot, pos):
             if p // cap >= width:
-                raise BeamcError("kv cache", f"slot {s} position {p} needs page {p // cap} of its block table, "
-                                 f"which has {width}", "give the sequence a longer block table")
+                raise _far_page(s, p, cap, width)
         # the step's table entries in one gather (not the whole table: 100K contexts have thousands of pages a row)
         entries = block_table[torch.tensor(slot), torch.tensor([p // cap for p in pos])].tolist()
         for s, p, page in zip(slot, pos, entries):
             if page < 0 or page >= pages:
-                raise BeamcError("kv cache", f"slot {s} position {p}: its block table points at page {page}, outside "
-                                 f"the pool of {pages} pages", "fix the block table")
-        rows_seen = {page * cap + p % cap for p, page in zip(pos, entries)}
-        if len(rows_seen) != len(pos):
-            raise BeamcError("kv cache", "two tokens of one step write the same cache row (a position given twice, or "
-                             "two sequences sharing a page)", "give each token its own position and page")
+                raise _page_outside(s, p, page, pages)
+        if len({page * cap + p % cap for p, page in zip(pos, entries)}) != len(pos):
+            raise _shared_row()
         return
     per: dict[int, list[int]] = {}
     for s, p in zip(slot, pos):
         per.setdefault(s, []).append(p)
     for s in sorted(per):  # torch.unique's order: ascending slots
         ps = per[s]
-        lo, hi, n = min(ps), max(ps), len(ps)
-        if len(set(ps)) != n:
-            raise BeamcError("kv cache", f"slot {s} is given position {lo}..{hi} twice in one step",
-                             "each token of a sequence needs its own position")
-        first = max(lo - window + 1, 0) if window else 0
-        if hi + 1 - first > cap:
-            raise BeamcError("kv cache", f"slot {s} needs positions {first}..{hi} in one step but the cache holds "
-                             f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
+        _check_span(s, min(ps), max(ps), len(set(ps)) == len(ps), cap, window)
 
 
-def _check_pages(slot, pos, page_size: int, block_table, pages: int) -> None:
-    idx = pos // page_size
-    far = idx >= block_table.shape[1]
-    if bool(far.any()):
-        i = int(far.nonzero()[0])
-        raise BeamcError("kv cache", f"slot {int(slot[i])} position {int(pos[i])} needs page {int(idx[i])} of its "
-                         f"block table, which has {block_table.shape[1]}", "give the sequence a longer block table")
-    page = block_table[slot, idx].long()
-    bad = (page < 0) | (page >= pages)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise BeamcError("kv cache", f"slot {int(slot[i])} position {int(pos[i])}: its block table points at page "
-                         f"{int(page[i])}, outside the pool of {pages} pages", "fix the block table")
-    rows = page * page_size + pos % page_size
-    if torch.unique(rows).numel() != rows.numel():
-        raise BeamcError("kv cache", "two tokens of one step write the same cache row (a position given twice, or "
-                         "two sequences sharing a page)", "give each token its own position and page")
+def _check_span(s: int, lo: int, hi: int, distinct: bool, cap: int, window: int | None) -> None:
+    """Slot s's positions lo..hi of one step (`distinct`: no position twice) in a ring of cap positions."""
+    if not distinct:
+        raise BeamcError("kv cache", f"slot {s} is given position {lo}..{hi} twice in one step",
+                         "each token of a sequence needs its own position")
+    first = max(lo - window + 1, 0) if window else 0
+    if hi + 1 - first > cap:
+        raise BeamcError("kv cache", f"slot {s} needs positions {first}..{hi} in one step but the cache holds "
+                         f"{cap}", "give sliding caches >= window - 1 + chunk positions, full ones the context")
+
+
+def _far_page(s: int, p: int, page_size: int, width: int) -> BeamcError:
+    return BeamcError("kv cache", f"slot {s} position {p} needs page {p // page_size} of its block table, which has "
+                      f"{width}", "give the sequence a longer block table")
+
+
+def _page_outside(s: int, p: int, page: int, pages: int) -> BeamcError:
+    return BeamcError("kv cache", f"slot {s} position {p}: its block table points at page {page}, outside the pool "
+                      f"of {pages} pages", "fix the block table")
+
+
+def _shared_row() -> BeamcError:
+    return BeamcError("kv cache", "two tokens of one step write the same cache row (a position given twice, or two "
+                      "sequences sharing a page)", "give each token its own position and page")
 
 
 # ops that write a KV cache: input index of (cache, slot, pos, block table if paged)
