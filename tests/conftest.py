@@ -168,3 +168,18 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def captured_graph(fn, reps: int = 1) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of `reps` calls of fn(), after one warm-up call (compilation, autotuning) on a side stream, as
+    capture requires; not yet replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return graph

@@ -21,7 +21,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.spec import load_spec
-from conftest import write_gpu_summary
+from conftest import captured_graph, write_gpu_summary
 from test_kernels_attention_decode import TEMPLATE, make_case, reference, spec_constants
 
 pytestmark = pytest.mark.gpu
@@ -116,14 +116,7 @@ def test_cuda_graph_replay(kind, cache, ctx, chunk, kdir, summary):
     T = case["T"]
     scratch = torch.full((mod.scratch_numel(T),), float("nan"), device="cuda")
     out = torch.full_like(q, float("nan"))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        mod.launch(*args, out, scratch=scratch)  # warm up (compile) outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mod.launch(*args, out, scratch=scratch)
+    graph = captured_graph(lambda: mod.launch(*args, out, scratch=scratch))  # warmed up (compiled) outside it
     g = torch.Generator(device="cuda").manual_seed(9)
     for shift in (0, 1, 7) if c["PAGED"] else (0, 0, 0):  # (a ring holds no older positions to move back to)
         q.copy_(torch.randn(q.shape, device="cuda", generator=g).to(q.dtype))
@@ -143,15 +136,7 @@ def test_cuda_graph_replay(kind, cache, ctx, chunk, kdir, summary):
 
 
 def _graph_us(fn, reps: int = 50) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
+    graph = captured_graph(fn, reps)
     graph.replay()
     torch.cuda.synchronize()
     times = []

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.ir.reference import REFS, moe_select_ref
 from beamc.spec import load_spec
-from conftest import write_gpu_summary
+from conftest import captured_graph, write_gpu_summary
 from test_kernels_attn_router import (ODD_ROUTER, ODD_WINDOW, odd_qk_constants, qk_constants, qk_reference,
                                       router_constants, router_ties)
 
@@ -63,15 +63,7 @@ def _module(template: str, constants: dict, directory: Path):
 def _time_us(fn, reps: int = 20) -> float | None:
     """GPU time of one call: `reps` calls captured in a CUDA graph, replayed (no Python launch cost counted)."""
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                fn()
+        graph = captured_graph(fn, reps)
         graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -23,7 +23,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.spec import load_spec
-from conftest import write_gpu_summary
+from conftest import captured_graph, write_gpu_summary
 from test_kernels_moe import TEMPLATE, distinct_idx, h_reference, moe_constants, nvfp4_experts, y_reference
 
 pytestmark = pytest.mark.gpu
@@ -120,11 +120,7 @@ def test_moe_nvfp4_decode_cuda_graph(tmp_path_factory):
     idx = distinct_idx(T, c["E"], c["TOP_K"], g).cuda()
     y = torch.empty(T, c["TOP_K"], c["H"], dtype=torch.bfloat16, device="cuda")
     scratch = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
-    mod.launch(x, idx, *params, y, scratch)  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mod.launch(x, idx, *params, y, scratch)
+    graph = captured_graph(lambda: mod.launch(x, idx, *params, y, scratch))  # compiled and warmed up outside it
     for seed in (8, 9):
         g = torch.Generator().manual_seed(seed)
         x.copy_(torch.randn(T, c["H"], generator=g).bfloat16())

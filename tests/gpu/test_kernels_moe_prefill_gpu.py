@@ -26,7 +26,7 @@ import torch
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.ir.reference import REFS
 from beamc.spec import load_spec
-from conftest import write_gpu_summary
+from conftest import captured_graph, write_gpu_summary
 from test_kernels_moe import moe_constants, nvfp4_experts
 
 pytestmark = pytest.mark.gpu
@@ -175,11 +175,7 @@ def test_cuda_graph_replay(tmp_path_factory):
     idx = _routing("distinct", M, mod.E, mod.TOP_K, g)
     y = torch.empty(M, mod.TOP_K, mod.H, dtype=torch.bfloat16, device="cuda")
     scratch = torch.empty(mod.scratch_numel(M), dtype=torch.bfloat16, device="cuda")
-    mod.launch(x, idx, *params, y, scratch)  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mod.launch(x, idx, *params, y, scratch)
+    graph = captured_graph(lambda: mod.launch(x, idx, *params, y, scratch))  # compiled and warmed up outside it
     for seed, kind in ((8, "distinct"), (9, "few"), (10, "one")):
         g = torch.Generator().manual_seed(seed)
         x.copy_(torch.randn(M, mod.H, generator=g).bfloat16())
