@@ -7,8 +7,8 @@
 
 What `load` does, once: imports the package's `step.py` (by path), checks its manifest against what is asked (spec
 hash, target, tp/rank, activation and KV dtypes), loads this rank's weights (`checkpoint.loader`) with the graph's
-load-time transforms (QKV+gate packing; on sm90 the NVFP4 experts re-laid out for the MoE kernels, the manifest's
-`load_transforms`), and allocates every buffer a step touches: the KV caches (pages for full layers, rings for
+load-time transforms (QKV+gate packing; with `--nvfp4-relayout` (sm90) the NVFP4 experts re-laid out for the MoE
+kernels, the manifest's `load_transforms`), and allocates every buffer a step touches: the KV caches (pages for full layers, rings for
 sliding ones: `kv_cache.SlotTable`), the step inputs, and every IR value and `scratch:` buffer of each step at its
 largest bucket. Buckets: decode runs at batch 1, 2, 4, ..., max_batch, prefill at token counts 16,
 32, ..., max_prefill_tokens (a step is padded to the next bucket). Smaller buckets are views of the same storage and
