@@ -84,10 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="generate kernels without Programmatic Dependent Launch (PDL is on by default: verified on "
                         "the H200 to give the same bits, and faster; see docs/perf-log.md)")
-    c.add_argument("--nvfp4-relayout", action="store_true",
-                   help="experimental: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels "
-                        "(3.7x faster MoE decode at 8 tokens on the H200; the prefill kernel's re-laid-out path at "
-                        "TP-8 shapes has not run on a GPU yet)")
+    c.add_argument("--nvfp4-relayout", action=argparse.BooleanOptionalAction, default=True,
+                   help="the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (on by default: "
+                        "MoE decode 3.7x faster at 8 tokens and the TP-8 decode step 3.67 -> 3.38 ms on the H200, "
+                        "the same bits in prefill); --no-nvfp4-relayout: the kernels read the ModelOpt bytes as "
+                        "stored")
     c.set_defaults(fn=_cmd_compile)
 
     h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")

@@ -158,7 +158,8 @@ def add_common_args(ap: argparse.ArgumentParser, steps: int, reps: int) -> None:
     ap.add_argument("--reps", type=int, default=reps, help="timed prefill steps (median)")
     ap.add_argument("--experts", default=None, help="override dtypes.experts (e.g. bf16)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--nvfp4-relayout", action="store_true", help="compile with the experimental NVFP4 relayout at load")
+    ap.add_argument("--nvfp4-relayout", action=argparse.BooleanOptionalAction, default=True,
+                    help="compile with the NVFP4 relayout at load (the default; --no-nvfp4-relayout: ModelOpt bytes)")
     ap.add_argument("--dry", action="store_true", help="the same code path on the tiny spec on a CPU (set "
                     "TRITON_INTERPRET=1): bf16 experts, TP 2, context 40, 2 x 4-token prefill, 2 decode steps")
 
@@ -221,7 +222,7 @@ def main(argv=None) -> dict:
     t = time.perf_counter()
     max_context = a.context + max(a.chunk, a.steps + 4)  # the decode steps (3 warm-ups) fit too
     model = Model.load(pkg, None, device=str(device), spec=spec, tp=a.tp, rank=0, kv_dtype="fp8", weights=w,
-                       max_batch=a.batch, max_context=max_context, max_prefill_tokens=a.batch * a.chunk)
+                       take_weights=True, max_batch=a.batch, max_context=max_context, max_prefill_tokens=a.batch * a.chunk)
     del w
     sync(device)
     facts["load_s"] = round(time.perf_counter() - t, 1)

@@ -31,13 +31,18 @@ from beamc.spec import load_spec  # noqa: E402
 
 TEMPLATE = "moe_nvfp4_prefill"
 TOKENS = 16384
-# (record label, render constants beside the node's): the default tiles, two alternatives to choose from, the
-# sm100 path (emulated on sm_90)
+# (record label, render constants beside the node's, weights re-laid out): the default tiles on both layouts (the
+# runtime re-lays out at load on sm90), the transposed GEMMs (SWAP: dequantised weights as wgmma's register A
+# operand), alternatives to choose from, the sm100 path (emulated on sm_90)
 VARIANTS = (
-    ("moe_nvfp4_prefill", {}),
-    ("moe_nvfp4_prefill BLOCK_M=256 stages=2", dict(BLOCK_M=256, NUM_STAGES=2)),
-    ("moe_nvfp4_prefill BLOCK_M=64 warps=4", dict(BLOCK_M=64, NUM_WARPS=4)),
-    ("moe_nvfp4_prefill native_fp4", dict(NATIVE_FP4=True)),
+    ("moe_nvfp4_prefill", {}, False),
+    ("moe_nvfp4_prefill relaid", {}, True),
+    ("moe_nvfp4_prefill swap", dict(SWAP=True), False),
+    ("moe_nvfp4_prefill swap relaid", dict(SWAP=True), True),
+    ("moe_nvfp4_prefill swap relaid stages=4", dict(SWAP=True, NUM_STAGES=4), True),
+    ("moe_nvfp4_prefill swap relaid BLOCK_M=64", dict(SWAP=True, BLOCK_M=64), True),
+    ("moe_nvfp4_prefill BLOCK_M=256 stages=2", dict(BLOCK_M=256, NUM_STAGES=2), False),
+    ("moe_nvfp4_prefill native_fp4", dict(NATIVE_FP4=True), False),
 )
 
 
@@ -122,20 +127,23 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
     assert torch.isfinite(y_base).all(), "baseline: unwritten outputs"
 
     out = []
-    for label, extra in VARIANTS:
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", c), kdir)
+    relaid_params = decode.relayout(params)
+    for label, extra, relaid in VARIANTS:
         rec = {"kernel": label, "op": "moe_experts", "tokens": tokens, "top_k": k, "shape": [E, H, I],
                "baseline": base_label, "baseline_us": tb * 1e6, "baseline_tflops": flops / tb / 1e12,
-               "bytes": nbytes, "triton": triton.__version__}
+               "bytes": nbytes, "triton": triton.__version__, "relaid": relaid}
         try:
             mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **extra)), kdir)
             y = torch.full((tokens, k, H), float("nan"), dtype=torch.bfloat16, device=device)
             scratch = torch.empty(mod.scratch_numel(tokens), dtype=torch.bfloat16, device=device)
-            t = graph_time(lambda: mod.launch(x, idx, *params, y, scratch), 3)
+            p = relaid_params if relaid else params
+            t = graph_time(lambda: mod.launch(x, idx, *p, y, scratch), 3)
             assert torch.isfinite(y).all(), f"{label}: unwritten outputs"
             rec.update(us=t * 1e6, tb_s=nbytes / t / 1e12, tflops=flops / t / 1e12, rel_err_vs_baseline=_rel(y, y_base),
                        tiles=dict(BLOCK_M=mod.BLOCK_M, BLOCK_N=mod.BLOCK_N, BLOCK_K=mod.BLOCK_K,
                                   BLOCK_N2=mod.BLOCK_N2, BLOCK_K2=mod.BLOCK_K2, NUM_WARPS=mod.NUM_WARPS,
-                                  NUM_STAGES=mod.NUM_STAGES),
+                                  NUM_STAGES=mod.NUM_STAGES, SWAP=mod.SWAP),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec
         except Exception as e:  # noqa: BLE001 - e.g. the native path needs Triton >= 3.9: say why, keep the run

@@ -64,12 +64,13 @@ def test_sm100_package_says_it_was_never_measured():
 
 
 def test_manifest_records_the_experts_relayout(tiny_spec_bf16):
-    """sm90: each MoE layer's NVFP4 experts are re-laid out at load (both MoE kernels read that layout), named in
+    """sm90 (by default; `nvfp4_relayout=False` turns it off): each MoE layer's NVFP4 experts are re-laid out at load (both MoE kernels read that layout), named in
     `load_transforms` and in the MoE kernels' weight layouts; not on sm100 (its prefill kernel's tl.dot_scaled reads
     the ModelOpt bytes) nor for bf16 experts (a library call)."""
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
-    assert compile_package(tiny, passes=ALL, phases=("decode",)).manifest()["load_transforms"] == {}  # off by default
-    man = compile_package(tiny, passes=ALL, phases=("decode",), nvfp4_relayout=True).manifest()
+    off = compile_package(tiny, passes=ALL, phases=("decode",), nvfp4_relayout=False).manifest()
+    assert off["load_transforms"] == {} and off["nvfp4_relayout"] is False
+    man = compile_package(tiny, passes=ALL, phases=("decode",)).manifest()  # on by default
     assert man["nvfp4_relayout"] is True
     lt = man["load_transforms"]["moe_experts"]
     assert lt["transform"] == "nvfp4 relayout (moe_nvfp4_decode.relayout)" and lt["layers"] == [3, 4, 5, 6, 7]

@@ -186,6 +186,11 @@ def _relayout_main(out: str, ckpt: str) -> None:
                                                                 for n, (t, c) in before.items()),
          "others_shared": all(m2.weights[n] is stored[n] for n in m2.weights if n in stored and n not in changed),
          "changed": len(changed)}
+    handed = dict(stored)  # take_weights: the caller's dict handed over loses the re-laid-out tensors, nothing else
+    m3 = Model.load(pkg, weights=handed, take_weights=True, **kw)
+    r["handed_dropped"] = sorted(set(stored) - set(handed)) == sorted(changed)
+    r["handed_kept"] = all(handed[n] is stored[n] for n in handed)
+    r["handed_load_equal"] = all(torch.equal(m.weights[n], m3.weights[n]) for n in m.weights)
     # layer by layer: when layer i is re-laid out, the ModelOpt codes / scales of layers < i are already freed
     owned = {n: stored[n].clone() for n in names}
     refs = [weakref.ref(owned[n]) for n in names if n in changed]
@@ -199,7 +204,7 @@ def _relayout_main(out: str, ckpt: str) -> None:
 
     mod.relayout = spy
     try:
-        m._relayout_experts(out_, owned)
+        m._relayout_experts(out_, [owned])
     finally:
         mod.relayout = orig
     gc.collect()
@@ -213,7 +218,8 @@ def test_nvfp4_experts_are_relaid_at_load(tiny_ckpt_nvfp4, tmp_path):
     """An sm90 package's NVFP4 experts (the decode and the prefill MoE kernel read one re-laid-out copy): Model.load
     replaces each MoE layer's codes and block scales by `moe_nvfp4_decode.relayout`'s (int32 / uint8; global scales
     as they were), from a checkpoint or a caller's weights dict, which keeps its own tensors (no key, tensor or value
-    changed) while the model shares all the others; one layer at a time, the loaded ModelOpt tensors freed as it
+    changed; with take_weights=True it loses the re-laid-out tensors, nothing else) while the model shares all the
+    others; one layer at a time, the loaded ModelOpt tensors freed as it
     goes (peak: one layer's experts more)."""
     out = tmp_path / "relayout.json"
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
@@ -223,7 +229,8 @@ def test_nvfp4_experts_are_relaid_at_load(tiny_ckpt_nvfp4, tmp_path):
     assert r["dtypes"] == {"weight": "torch.int32", "weight_scale": "torch.uint8", "weight_scale_2": "torch.float32"}
     assert r["relaid"] and r["both_loads_equal"] and r["caller_untouched"] and r["others_shared"], r
     assert r["changed"] == 5 * 4 and r["alive_at_each_layer"] == [20, 16, 12, 8, 4] and r["alive_after"] == 0, r
-    assert r["owned_left"] == [], r
+    assert len(r["owned_left"]) == 10 and all(n.endswith("_scale_2") for n in r["owned_left"]), r  # kept as given
+    assert r["handed_dropped"] and r["handed_kept"] and r["handed_load_equal"], r
 
 
 @pytest.fixture(scope="module")

@@ -58,10 +58,10 @@ class Package:
     kernels: dict[str, KernelSpec]  # name -> spec, distinct kernels only
     dtype: str = "bf16"  # the activations' IR dtype the kernels were specialised for
     page_size: int | None = None  # positions per page of the full layers' paged caches (None: no full layers)
-    # NVFP4 experts re-laid out at load (`nvfp4_relayouts`). Off by default until the prefill kernel's re-laid-out
-    # path has run on the H200 at the TP-8 shapes (its part-of-a-chunk loads: CPU-interpreter bitwise and Triton 3.6
-    # compile checked, device run pending; see docs/perf-log.md 2026-11-30 third session)
-    nvfp4_relayout: bool = False
+    # NVFP4 experts re-laid out at load (`nvfp4_relayouts`). On by default since the H200 run of 2026-12-01: the
+    # prefill kernel's re-laid-out path bitwise equal to the ModelOpt path at the TP-8 and odd shapes, and the full
+    # TP-8 decode step 3.67 -> 3.38 ms (docs/perf-log.md); off (`--no-nvfp4-relayout`): the kernels read ModelOpt bytes
+    nvfp4_relayout: bool = True
 
     def nvfp4_relayouts(self) -> list[dict[str, Any]]:
         """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
@@ -234,11 +234,11 @@ def render_steps(pkg: Package) -> str:
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
-                    nvfp4_relayout: bool = False) -> Package:
+                    nvfp4_relayout: bool = True) -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
     and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
-    `nvfp4_relayout`: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (experimental: see
+    `nvfp4_relayout`: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (on by default: see
     `Package.nvfp4_relayout`); recorded in the manifest."""
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")

@@ -7,7 +7,7 @@
 
 What `load` does, once: imports the package's `step.py` (by path), checks its manifest against what is asked (spec
 hash, target, tp/rank, activation and KV dtypes), loads this rank's weights (`checkpoint.loader`) with the graph's
-load-time transforms (QKV+gate packing; with `--nvfp4-relayout` (sm90) the NVFP4 experts re-laid out for the MoE
+load-time transforms (QKV+gate packing; on sm90, unless compiled with `--no-nvfp4-relayout`, the NVFP4 experts re-laid out for the MoE
 kernels, the manifest's `load_transforms`), and allocates every buffer a step touches: the KV caches (pages for full layers, rings for
 sliding ones: `kv_cache.SlotTable`), the step inputs, and every IR value and `scratch:` buffer of each step at its
 largest bucket. Buckets: decode runs at batch 1, 2, 4, ..., max_batch, prefill at token counts 16,
@@ -291,7 +291,8 @@ class Model:
              rank: int = 0, max_batch: int = 8, max_context: int = 4096, max_prefill_tokens: int = 512,
              max_logit_rows: int | None = None, num_pages: int | None = None, eager: bool = False,
              decode_buckets: Sequence[int] | None = None, prefill_buckets: Sequence[int] | None = None,
-             spec=None, weights: dict[str, torch.Tensor] | None = None, share_buffers: bool = True) -> "Model":
+             spec=None, weights: dict[str, torch.Tensor] | None = None, take_weights: bool = False,
+             share_buffers: bool = True) -> "Model":
         """Load `package_dir` (a `beamc compile -o` directory) with this rank's weights from `checkpoint` (or the
         graph-param dict `weights`, e.g. random weights made on the GPU).
 
@@ -304,19 +305,22 @@ class Model:
         needs a block table into pages [0, num_pages); not given, the pool has max_batch * pages-per-sequence pages
         and a sequence without a table uses its slot's own (a table passed anyway must not name pages another live
         sequence holds). eager: never capture CUDA graphs. spec: the package's ModelSpec (or YAML path) when
-        neither the package's spec.json nor the checkpoint's config.json gives it. share_buffers: let step buffers
-        with disjoint lifetimes share storage."""
+        neither the package's spec.json nor the checkpoint's config.json gives it. take_weights: the caller hands
+        `weights` over: each tensor a load-time transform replaces (the NVFP4 relayout) is dropped from the dict as
+        the load goes, so that it is freed unless the caller holds it elsewhere (peak memory: one MoE layer's
+        experts more, not a second copy of them); otherwise the dict is left as given. share_buffers: let step
+        buffers with disjoint lifetimes share storage."""
         self = object.__new__(cls)
         self._load(Path(package_dir), checkpoint, device=device, dtype=dtype, kv_dtype=kv_dtype, target=target,
                    tp=tp, rank=rank, max_batch=max_batch, max_context=max_context,
                    max_prefill_tokens=max_prefill_tokens, max_logit_rows=max_logit_rows, num_pages=num_pages,
-                   eager=eager, spec=spec, weights=weights, share=share_buffers, decode_buckets=decode_buckets,
-                   prefill_buckets=prefill_buckets)
+                   eager=eager, spec=spec, weights=weights, take_weights=take_weights, share=share_buffers,
+                   decode_buckets=decode_buckets, prefill_buckets=prefill_buckets)
         return self
 
     def _load(self, pkg: Path, checkpoint, *, device, dtype, kv_dtype, target, tp, rank, max_batch, max_context,
-              max_prefill_tokens, max_logit_rows, num_pages, eager, spec, weights, share, decode_buckets,
-              prefill_buckets) -> None:
+              max_prefill_tokens, max_logit_rows, num_pages, eager, spec, weights, take_weights, share,
+              decode_buckets, prefill_buckets) -> None:
         from beamc.codegen.package import compile_package, render_steps
 
         m = self.manifest = read_manifest(pkg)
@@ -393,7 +397,7 @@ class Model:
         sliding = "sliding_attention" in self.spec.attention_types
         self._pad_mod = min(self.slots.ring, max_context) if sliding else max_context
         # ---- weights
-        self.weights = self._load_weights(checkpoint, weights, graphs)
+        self.weights = self._load_weights(checkpoint, weights, graphs, take_weights)
         # ---- caches, inputs, step buffers
         self.states = alloc_states(g0, self.sizes, self.device)
         self.block_table_cpu = torch.empty(max_batch + 1, mp, dtype=torch.int32)
@@ -439,15 +443,18 @@ class Model:
         self.graphs = StepGraphs(self, enabled=not eager and self.device.type == "cuda")
         self.graphs.capture_decode()
 
-    def _load_weights(self, checkpoint, weights, graphs: dict[str, Graph]) -> dict[str, torch.Tensor]:
+    def _load_weights(self, checkpoint, weights, graphs: dict[str, Graph],
+                      take: bool = False) -> dict[str, torch.Tensor]:
         """The model's own dict of every param its steps read, on the device, checked against the graphs' types,
         with the load-time transforms: packing (`with_packed_weights`) and the NVFP4 experts' relayout
-        (`_relayout_experts`). A caller's `weights` dict is never changed: the model's dict shares its other
-        tensors."""
+        (`_relayout_experts`). A caller's `weights` dict is changed only when `take` (Model.load's take_weights):
+        then the relaid-out tensors are dropped from it; the model's dict shares its other tensors."""
         from beamc.runtime.interpret import _bind as bind_check, with_packed_weights
 
         wdtype = torch.float32 if self.dtype == "f32" else torch_dtype(self.spec.dtypes.activations)
-        owned = weights is None  # loaded here: its tensors may be released as they are transformed
+        owned = []  # dicts whose tensors may be released as they are transformed: loaded here, or handed over
+        if weights is not None and take:
+            owned.append(weights)
         if weights is None:
             if checkpoint is None:
                 raise BeamcError("checkpoint", "give a checkpoint directory or a weights dict")
@@ -455,8 +462,11 @@ class Model:
 
             weights = load_rank_weights(self.spec, checkpoint, tp=self.tp, rank=self.rank, dtype=wdtype,
                                         device=self.device)
+            owned.append(weights)
         g0 = next(iter(graphs.values()))
         weights = with_packed_weights(g0, weights)  # (a new dict when it packs anything)
+        if owned and weights is not owned[0]:
+            owned.append(weights)
         out = {}
         for g in graphs.values():
             for name, node in g.leaves("param").items():
@@ -467,23 +477,25 @@ class Model:
                 t = weights[name].to(self.device)
                 bind_check(node.out, t, {}, f"param {name}")
                 out[name] = t.contiguous()
-        self._relayout_experts(out, weights if owned else None)
+        self._relayout_experts(out, owned)
         return out  # the unpacked parts of packed params are dropped: no step reads them
 
-    def _relayout_experts(self, out: dict[str, torch.Tensor], owned: dict[str, torch.Tensor] | None) -> None:
+    def _relayout_experts(self, out: dict[str, torch.Tensor], owned: list[dict[str, torch.Tensor]]) -> None:
         """The manifest's load_transforms: each MoE layer's six NVFP4 expert params in `out` replaced by their
         re-laid-out form (`relayout` of the package's moe_nvfp4_decode kernel module: the layout both MoE kernels
         read on sm90; `Package.nvfp4_relayouts` says which layers), one layer at a time; the ModelOpt tensors are
-        dropped from `out` and from `owned` (the dict loaded here, None for a caller's), so that they are freed as
-        it goes (peak: one layer's experts more) unless the caller holds them."""
+        dropped from `out` and from the dicts in `owned` (the one loaded here, or the caller's with take_weights),
+        so that they are freed as it goes (peak: one layer's experts more) unless someone else holds them."""
         for entry in self.package.nvfp4_relayouts():
             names = entry["params"]
             relayout = self.step_module.K[entry["kernel"]].relayout
             new = relayout([out[n] for n in names])
             for n, t in zip(names, new):
+                if t is out[n]:  # (the global scales: unchanged, kept where they are)
+                    continue
                 out[n] = t.contiguous()
-                if owned is not None:
-                    owned.pop(n, None)
+                for d in owned:
+                    d.pop(n, None)
             del new
 
     def _default_pages(self, slot: int) -> list[int]:
