@@ -283,6 +283,9 @@ def main() -> int:
         print(f"section {name} FAILED: {why}")
     print(f"{'kernel':<28}{'tokens':>7}{'us':>10}{'no-PDL us':>11}{'TB/s':>8}{'TFLOP/s':>9}{'base us':>10}{'x':>7}")
     for r in records:
+        if r.get("us") is None:  # a variant that did not compile or run: its reason
+            print(f"{r['kernel'][:27]:<28}{r['tokens']:>7}  {r.get('error', 'no time')[:80]}")
+            continue
         b = r.get("baseline_us")
         base = f"{b:10.2f}{b / r['us']:7.1f}" if b else f"{'-':>10}{'-':>7}"
         nopdl = f"{r['us_no_pdl']:11.2f}" if r.get("us_no_pdl") else f"{'-':>11}"

@@ -41,6 +41,8 @@ VARIANTS = (
     ("moe_nvfp4_prefill swap relaid", dict(SWAP=True), True),
     ("moe_nvfp4_prefill swap relaid stages=4", dict(SWAP=True, NUM_STAGES=4), True),
     ("moe_nvfp4_prefill swap relaid BLOCK_M=64", dict(SWAP=True, BLOCK_M=64), True),
+    ("moe_nvfp4_prefill relaid BLOCK_M=64 warps=4", dict(BLOCK_M=64, NUM_WARPS=4), True),
+    ("moe_nvfp4_prefill swap relaid BLOCK_M=64 warps=4", dict(SWAP=True, BLOCK_M=64, NUM_WARPS=4), True),
     ("moe_nvfp4_prefill BLOCK_M=256 stages=2", dict(BLOCK_M=256, NUM_STAGES=2), False),
     ("moe_nvfp4_prefill native_fp4", dict(NATIVE_FP4=True), False),
 )
@@ -99,6 +101,21 @@ def _baseline(x, idx, gu, dn, I: int, y):
     return loop, "torch.mm per expert (bf16 dequantised weights) + SwiGLU + gather/scatter, CUDA graph"
 
 
+def _stage_us(mod, graph_time, x, idx, params, y, scratch) -> list[float]:
+    """µs of each of the kernel's five launches alone (a CUDA graph of one launch; the sort it reads left by the
+    full launch before, which wrote the same values)."""
+    T = x.shape[0]
+    n = mod._h_numel(T)
+    h, meta = scratch[:n], scratch[n:mod.scratch_numel(T)].view(torch.int32)
+    consts = mod.constexprs(params[0].dtype == torch.int32)
+    out = []
+    for stage, grid in enumerate(mod.grids(T)):
+        def one(stage=stage, grid=grid):
+            mod.kernel[grid](x, idx, *params, y, h, meta, T, x.stride(0), stage, **consts, **mod.OPTIONS)
+        out.append(graph_time(one, 3) * 1e6)
+    return out
+
+
 def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", tokens: int = TOKENS) -> list[dict]:
     import tempfile
 
@@ -146,6 +163,9 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                                   NUM_STAGES=mod.NUM_STAGES, SWAP=mod.SWAP),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec
+            rec["stage_us"] = _stage_us(mod, graph_time, x, idx, p, y, scratch)
+            rec["stage_tflops"] = {3: 2 * P * 2 * I * H / rec["stage_us"][3] / 1e6,
+                                   4: 2 * P * H * I / rec["stage_us"][4] / 1e6}
         except Exception as e:  # noqa: BLE001 - e.g. the native path needs Triton >= 3.9: say why, keep the run
             if not extra:  # the default must work; a variant says why it did not
                 raise
