@@ -147,8 +147,10 @@ def assert_template_contract(mod) -> None:
     assert list(mod.SIGNATURE) == mod.kernel.arg_names  # every kernel argument typed, in order
     assert {n for n, t in mod.SIGNATURE.items() if t == "constexpr"} == set(mod.CONSTEXPRS)
     assert all(t in ("i32", "constexpr") or t.startswith("*") for t in mod.SIGNATURE.values())
-    assert mod.OPTIONS == dict(num_warps=mod.NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
-                               launch_pdl=True) and mod.PDL is True
+    opts = {k: v for k, v in mod.OPTIONS.items() if k != "num_stages"}  # (a template's own pipeline depth)
+    assert opts == dict(num_warps=mod.NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
+                        launch_pdl=True) and mod.PDL is True
+    assert mod.OPTIONS.get("num_stages", getattr(mod, "NUM_STAGES", 3)) == getattr(mod, "NUM_STAGES", 3)
     launch_src = inspect.getsource(mod.launch)
     assert "**OPTIONS)" in launch_src and "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
 

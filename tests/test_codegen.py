@@ -29,8 +29,10 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     man = json.loads((tmp_path / "pkg/manifest.json").read_text())
     assert man["target"] == "sm90" and man["passes"] == ALL and man["spec"]["name"] == "Beam-tiny"
     templates = {k["template"] for k in man["kernels"].values()}
-    assert {"rmsnorm_boundary.py.j2", "qk_norm_pos_kv.py.j2", "sigmoid_gate.py.j2", "moe_router.py.j2",
+    assert {"rmsnorm_boundary.py.j2", "qk_norm_pos_kv.py.j2", "moe_router.py.j2",
             "embed_norm.py.j2", "swiglu.py.j2", "softcap.py.j2"} <= templates
+    assert "sigmoid_gate.py.j2" not in templates  # (the attention_gate pass: in the attention kernels' epilogue)
+    assert all(k["constants"].get("GATE") for k in man["kernels"].values() if k["template"].startswith("attention"))
     k = next(v for v in man["kernels"].values() if v["op"] == "qk_norm_pos_kv")
     assert k["constants"]["MODE"] in ("rope", "ssmax") and k["grid"] and k["weights"][0]["param"].endswith("q_norm.weight")
     phases = {name: sorted(v["launches_per_step"]) for name, v in man["kernels"].items()}
@@ -146,7 +148,7 @@ def test_every_kernel_of_the_package_equals_its_reference_fp32(spec_name, tmp_pa
     for row in rows:
         assert row["nan"] == 0 and row["int_mismatches"] == 0 and row["max_rel"] < 1e-5, row
     ops = {row["op"] for row in rows}
-    assert {"embed_norm", "boundary", "qk_norm_pos_kv", "sigmoid_gate", "moe_router", "gate_up_swiglu",
+    assert {"embed_norm", "boundary", "qk_norm_pos_kv", "attention_gate", "moe_router", "gate_up_swiglu",
             "linear_softcap"} <= ops
     assert len({row["kernel"] for row in rows if row["op"] == "boundary"}) == 2 * spec.num_layers
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
-from beamc.ir.reference import attention_ref, kv_store
+from beamc.ir.reference import REFS, attention_ref, kv_store
 from conftest import assert_template_contract, interpret_cases, run_interpreted_main
 from test_kernels_attn_router import SMEM_LIMIT, check_pdl_ptx, pdl_facts
 
@@ -151,22 +151,34 @@ CASES = {
     # rendered with PDL on: the gdc calls are skipped in the interpreter
     "paged-p4-pdl": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, PDL=True),
                      [(0, [70]), (1, [2, 3])], None, ()),
+    # GATE (attention_gate): the output gate in the epilogue of stage 1 and of the one-split stage 0; strided g rows
+    "ring-w5-gate": (constants(**TINY, window=5, dtype="f32", cache="f32", BLOCK_N=16, GATE=True),
+                     [(0, [14, 15, 16, 17]), (1, [3]), (2, [0])], 8, (1, 2)),
+    "fp8-paged-gate": (constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4, BLOCK_N=16, GATE=True),
+                       [(0, [120]), (1, [5, 6]), (2, [0])], None, (1, 3)),
 }
 
 
 def check_case(name: str, directory: Path) -> list[dict]:
     c, seqs, cap, forced = CASES[name]
-    mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), directory)
+    gated = c.get("GATE", False)
+    mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention", c), directory)
     assert mod._interpreted(), "triton did not pick the interpreter"
     case = make_case(c, seqs, cap=cap, seed=len(name), min_pages=20 if name.startswith("ctx1") else 0)
     want = reference(c, case)
     T = case["T"]
+    gate = []
+    if gated:  # g [T, HQ, D] with rows 8 values apart more than their heads (strided), b [HQ, 1]; the reference gate
+        gen = torch.Generator().manual_seed(len(name))
+        hq, d = c["HQ"], c["HEAD_DIM"]
+        gate = [torch.randn(T, hq * d + 8, generator=gen)[:, :hq * d].view(T, hq, d), torch.randn(hq, 1, generator=gen)]
+        want = REFS["sigmoid_gate"]([want, *gate], {})[0]
     out = []
     for splits in (None, *forced):
         got = torch.full_like(want, float("nan"))
         n = mod.scratch_numel(T, splits)
         scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
-        mod.launch(*case["args"], got, scratch=scratch, splits=splits)
+        mod.launch(*case["args"], *gate, got, scratch=scratch, splits=splits)
         assert torch.isnan(scratch[n:]).all(), f"{name} splits={splits}: a write past the scratch"
         err = float("inf") if got.isnan().any() else rel_err(got, want)
         out.append(dict(splits=splits, used=splits or mod.num_splits(T, _max_context(mod, case)), err=err))
@@ -216,13 +228,15 @@ def _variants() -> list[tuple[str, dict]]:
             for cache in ("bf16", "f8e4m3"):
                 out.append((f"{tag},{kind},{cache}", spec_constants(spec, tp, kind, "bf16", cache, page)))
     out.append(("tiny,full,bf16,no-pdl", spec_constants(tiny, 1, "full", "bf16", "bf16", 4, PDL=False)))
+    for kind in ("sliding", "full"):  # attention_gate: the output gate in the epilogues
+        out.append((f"full-tp8,{kind},f8e4m3,gate", spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True)))
     return out
 
 
 def _compile(args) -> dict:
     label, c, arch, directory = args
     os.environ.pop("TRITON_INTERPRET", None)
-    mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), directory)
+    mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if c.get("GATE") else "attention", c), directory)
     ck = aot_compile(mod, arch)
     ptx = ck.asm["ptx"]
     return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
@@ -237,7 +251,7 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 18
+    assert len(results) == 22
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"

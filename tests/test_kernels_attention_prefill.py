@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
-from beamc.ir.reference import attention_ref, kv_store
+from beamc.ir.reference import REFS, attention_ref, kv_store
 from conftest import assert_template_contract, interpret_cases, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
 
@@ -128,17 +128,30 @@ CASES = {
                              True),
     "ring-w5-default-blocks": (constants(4, 2, 16, 5, None, "f32", "f32"), RAGGED, False),
     "paged4-full-pdl": (constants(4, 2, 16, 0, 4, "f32", "f32", PDL=True, **SMALL), [(0, 20, 10), (1, 3, 2)], False),
+    # GATE (attention_gate): the output gate in the epilogue (strided g rows)
+    "ring-w5-gate": (constants(4, 2, 16, 5, None, "f32", "f32", GATE=True, **SMALL), RAGGED, False),
+    "paged4-full-fp8-gate": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", GATE=True, **SMALL),
+                             [(1, 45, 11), (0, 0, 9), (2, 7, 1)], True),
 }
 
 
 def check_case(name: str, directory: Path) -> dict:
     c, seqs, shuffle = CASES[name]
-    mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), directory)
+    gated = c.get("GATE", False)
+    mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention", c), directory)
     assert mod._interpreted(), "triton did not pick the interpreter"
     ins = make_case(c, seqs, seed=len(name), shuffle=shuffle, n_slots=4)
+    gate = []
+    if gated:  # g [T, HQ, D], rows a head apart more than their heads (strided), b [HQ, 1]
+        gen = torch.Generator().manual_seed(len(name))
+        T, hq, d = ins[0].shape
+        gate = [torch.randn(T, (hq + 1) * d, generator=gen)[:, :hq * d].view(T, hq, d),
+                torch.randn(hq, 1, generator=gen)]
     out = torch.full_like(ins[0], float("nan"))
-    mod.launch(*ins, out)
+    mod.launch(*ins, *gate, out)
     want = reference(c, ins)
+    if gated:
+        want = REFS["sigmoid_gate"]([want, *gate], {})[0]
     assert not want.isnan().any()
     return dict(err=float("inf") if out.isnan().any() else rel_err(out, want), tiles=-(-len(ins[0]) // mod.BLOCK_T))
 
@@ -186,7 +199,8 @@ def _jobs() -> list[tuple[str, dict, int]]:
     variants = [("full-tp8,sliding,bf16", spec_constants(full, 8, "sliding")),
                 ("full-tp8,full,bf16", spec_constants(full, 8, "full", page=16)),
                 ("full-tp8,full,f8e4m3", spec_constants(full, 8, "full", "f8e4m3", page=16)),
-                ("tiny,full", spec_constants(tiny, 1, "full", page=4))]
+                ("tiny,full", spec_constants(tiny, 1, "full", page=4)),
+                ("full-tp8,full,f8e4m3,gate", dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True))]
     return [(label, c, arch) for label, c in variants for arch in (90, 100)]
 
 
@@ -194,7 +208,7 @@ def _compile(args) -> dict:
     """One AOT compile in a worker process (interpreter off)."""
     label, c, arch, directory = args
     os.environ.pop("TRITON_INTERPRET", None)
-    mod = load_kernel(KernelSpec(TEMPLATE, "attention", c), directory)
+    mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if c.get("GATE") else "attention", c), directory)
     ck = aot_compile(mod, arch)
     ptx = ck.asm["ptx"]
     return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
@@ -216,12 +230,13 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core MMA"
         assert r["div_rn"] and not r["div_approx"], r  # the normalisation: IEEE reciprocals, no approximate division
-        assert r["options"] == dict(num_warps=r["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
-                                    launch_pdl=r["pdl"]), r
+        opts = {k: v for k, v in r["options"].items() if k != "num_stages"}  # (num_stages only where not Triton's 3)
+        assert opts == dict(num_warps=r["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
+                            launch_pdl=r["pdl"]) and r["options"].get("num_stages", 2) == 2, r
         assert r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, True, r["label"])
         assert r["waits"] == 1, r
-    assert len(results) == 8
+    assert len(results) == 10
 
 
 # ---------------------------------------------------------------- 3. the contract

@@ -75,6 +75,7 @@ def test_match_counts_on_the_full_model_at_tp8(full_tp8):
     assert rep.matches("kv_write") == 52
     assert rep.matches("dense_swiglu") == 3
     assert rep.matches("fold_small") == 2
+    assert rep.matches("attention_gate") == 52
 
 
 def test_op_counts_before_and_after(full_tp8):
@@ -82,10 +83,13 @@ def test_op_counts_before_and_after(full_tp8):
     after = Counter(n.op for n in g.compute_nodes())
     assert before["rmsnorm"] == 6 * 52 + 1 and after["rmsnorm"] == 0
     assert before["all_reduce"] == 104 and after["all_reduce"] == 0
-    assert after["boundary"] == 104 and after["attention"] == 52 and after["moe_experts"] == 49
+    assert after["boundary"] == 104 and after["attention_gate"] == 52 and after["moe_experts"] == 49
+    assert after["attention"] == 0 and after["sigmoid_gate"] == 0  # the gate in attention's epilogue
     assert before["linear"] == 5 * 52 + 3 * 3 + 1 and after["linear"] == 52 + 3  # o_proj, dense down_proj
     assert rep.ops_after["input"]["sliding+sparse"] == 31
     assert all(n < 13 for n in rep.ops_after["fold_small"].values())  # the seed had 13 per MoE layer
+    assert all(rep.ops_after["attention_gate"][k] == n - 1 for k, n in rep.ops_after["fold_small"].items()
+               if k != "head")  # one op less in every layer
 
 
 def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
@@ -99,7 +103,7 @@ def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
 
 
 def test_every_subset_of_passes_gives_a_verified_graph(tiny_spec):
-    """All 2^8 subsets on the decode graph at TP 2 (run_passes verifies after every pass); a sample on prefill,
+    """All 2^9 subsets on the decode graph at TP 2 (run_passes verifies after every pass); a sample on prefill,
     whose graph differs only in the names of its symbolic dims."""
     subsets = [list(c) for r in range(len(ALL) + 1) for c in itertools.combinations(ALL, r)]
     assert len(subsets) == 2 ** len(ALL)
@@ -155,7 +159,8 @@ _REF: dict = {}
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("passes", [[p] for p in ALL] + [ALL], ids=ALL + ["all"])
+@pytest.mark.parametrize("passes", [[p] for p in ALL] + [["qk_norm_pos", "attention_gate"], ALL],
+                         ids=ALL + ["qk_norm_pos+attention_gate", "all"])
 def test_each_pass_and_all_passes_are_bit_identical(tiny_spec, rank_weights, passes, dtype, tp):
     w = rank_weights[dtype, tp]
     if (dtype, tp) not in _REF:
@@ -163,3 +168,24 @@ def test_each_pass_and_all_passes_are_bit_identical(tiny_spec, rank_weights, pas
     fused = _run(tiny_spec, w, tp, dtype, passes)
     for x, y in zip(_REF[dtype, tp], fused):
         assert torch.equal(x, y)
+
+
+def test_attention_gate_fuses_only_a_gate_of_an_attention_output(tiny_spec):
+    """attention_gate (after qk_norm_pos made the sigmoid_gate): every layer's sigmoid_gate whose o is an attention
+    output becomes one attention_gate with attention's inputs, then gate and bias (attrs kept); without qk_norm_pos
+    there is no sigmoid_gate and nothing matches; a gate whose o is read elsewhere too stays."""
+    g = lower(tiny_spec, LowerOptions(tp=1))
+    rep = run_passes([g], ["qk_norm_pos", "attention_gate"])
+    ops = Counter(n.op for n in g.compute_nodes())
+    L = tiny_spec.num_layers
+    assert rep.matches("attention_gate") == L and ops["attention_gate"] == L
+    assert ops["attention"] == 0 and ops["sigmoid_gate"] == 0
+    n = next(n for n in g.compute_nodes() if n.op == "attention_gate")
+    assert [v.shape for v in n.inputs[-2:]] == [n.out.shape, (n.out.shape[1], 1)] and "scale" in n.attrs
+    assert run_passes([lower(tiny_spec, LowerOptions(tp=1))], ["attention_gate"]).matches("attention_gate") == 0
+    # an attention output with a second reader: the match would drop it, so the rule refuses
+    h = lower(tiny_spec, LowerOptions(tp=1))
+    run_passes([h], ["qk_norm_pos"])
+    gate = next(n for n in h.compute_nodes() if n.op == "sigmoid_gate")
+    h.outputs["extra_attention_out"] = gate.inputs[0]
+    assert run_passes([h], ["attention_gate"]).matches("attention_gate") == L - 1

@@ -231,17 +231,20 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
             dataclasses.replace(large, min_tokens=MOE_DECODE_MAX_TOKENS + 1)]
 
 
-@emits("attention")
+@emits("attention", "attention_gate")
 def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     """Decode: flash-decoding over the ring (sliding) or the pages (full), split over the context so that one
     sequence fills the GPU (`attention_decode`). Prefill: FlashAttention-style tiles of consecutive tokens with the
-    query heads of a KV head folded in, over each sequence's cached context (chunked prefill; `attention_prefill`)."""
+    query heads of a KV head folded in, over each sequence's cached context (chunked prefill; `attention_prefill`).
+    `attention_gate` (the attention_gate pass): the same kernels with GATE, which apply the output gate to each row
+    before storing it."""
     a = node.attrs
     paged = bool(a.get("paged"))
     q, kc = node.inputs[:2]
     template = "attention_decode" if g.meta["phase"] == "decode" else "attention_prefill"
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
-                   WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0)]
+                   WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
+                   GATE=node.op == "attention_gate")]
 
 
 @emits("all_reduce", "all_gather")

@@ -162,6 +162,21 @@ def _attention_infer(ins, attrs) -> Types:
 
 register("attention", _attention_infer, "softmax(q K^T * scale + causal/window mask) V over the cache, per token")
 
+
+def _attention_gate_infer(ins, attrs) -> Types:
+    _attention_infer(ins[:-2], attrs)
+    o, g, b = ins[0], ins[-2], ins[-1]
+    _check(tuple(g.shape) == tuple(o.shape) and g.dtype == o.dtype,
+           f"the gate must be [T, heads, d] like the attention output {o.shape} {o.dtype}, got {g.shape} {g.dtype}")
+    _check(len(b.shape) == 2 and b.shape[0] == o.shape[1] and b.shape[1] == 1,
+           f"the gate bias must be [heads, 1], got {b.shape}")
+    return same(ins, attrs)
+
+
+register("attention_gate", _attention_gate_infer,
+         "attention's inputs, then gate [T, heads, d] and bias [heads, 1]: attention(...) * sigmoid(gate + bias), "
+         "the attention output rounded, then the gate's three roundings (sigmoid_gate)")
+
 # ---------------------------------------------------------------- MLPs
 register("swiglu", same, "silu(gate) * up in fp32, rounded once")
 register("moe_select", lambda i, a: [((i[0].shape[0], a["top_k"]), "f32"), ((i[0].shape[0], a["top_k"]), "i64")],

@@ -431,6 +431,8 @@ def qk_norm_pos_kv_ref(q, k, v, wq, wk, kc, vc, slot, pos, *extras, a):
 
 REFS["qk_norm_pos_kv"] = lambda t, a: qk_norm_pos_kv_ref(*t, a=a)
 REFS["sigmoid_gate"] = lambda t, a: (t[0] * torch.sigmoid(t[1] + t[2]),)
+# attention then the gate, each exactly as its own op computes it (the attention_gate pass's fusion is bitwise)
+REFS["attention_gate"] = lambda t, a: (REFS["sigmoid_gate"]([REFS["attention"](t[:-2], a)[0], t[-2], t[-1]], a)[0],)
 
 
 # ---------------------------------------------------------------- fused GEMMs (passes 4, 5, 7, fold)

@@ -167,3 +167,45 @@ def test_timing_recorded(kind, cache, n, kdir, summary):
                splits=mod.num_splits(1, _max_context(mod, case)))
     print(f"attention {kind} {cache} ctx={n}: {us:.2f} us, {rec['tb_s']:.2f} TB/s, splits={rec['splits']}")
     summary["timings"].append(rec)
+
+
+@pytest.mark.parametrize("kind,cache,ctx,chunk,splits", [("full", "f8e4m3", [100_003], 1, None),
+                                                         ("sliding", "f8e4m3", [4096], 1, None),
+                                                         ("full", "bf16", [40, 3000, 70_000], 16, None),
+                                                         ("sliding", "bf16", [700, 5], 1, 1)])
+def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, ctx, chunk, splits, kdir, summary):
+    """attention_gate (GATE: the output gate in the epilogue of stage 1 / of the one-split stage 0) equals the
+    attention kernel followed by the sigmoid_gate kernel bit for bit (bf16, TP-8 shapes, strided gate rows, outputs
+    poisoned first); and both forms timed in CUDA graphs: the pass's measured effect per layer."""
+    c = _constants(kind, cache)
+    mod = _module(c, kdir)
+    gated = _module(dict(c, GATE=True), kdir)
+    gate_mod = load_kernel(KernelSpec("sigmoid_gate", "sigmoid_gate", dict(DTYPE="bf16", HEADS=c["HQ"],
+                                                                          HEAD_DIM=c["HEAD_DIM"], PDL=True)), kdir)
+    case = _inputs(c, ctx, chunk, seed=11)
+    T, hq, d = case["args"][0].shape
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    wide = torch.randn(T, (hq + 2) * d, device="cuda", generator=gen).to(torch.bfloat16)  # packed-output-like rows
+    g = wide[:, :hq * d].view(T, hq, d)
+    b = torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)
+    o = torch.full_like(case["args"][0], float("nan"))
+    unfused = torch.full_like(o, float("nan"))
+    fused = torch.full_like(o, float("nan"))
+    gc = g.contiguous()  # (the sigmoid_gate kernel reads contiguous tensors)
+
+    def two():
+        mod.launch(*case["args"], o, splits=splits)
+        gate_mod.launch(o, gc, b, unfused)
+
+    def one():
+        gated.launch(*case["args"], g, b, fused, splits=splits)
+
+    two()
+    one()
+    torch.cuda.synchronize()
+    assert not fused.isnan().any() and torch.equal(fused, unfused), (kind, cache, ctx, (fused.float() - unfused.float()).abs().max().item())
+    rec = dict(kind=kind, cache=cache, ctx=ctx, chunk=chunk, bitwise=True)
+    if chunk == 1 and len(ctx) == 1:
+        rec.update(us_attention_then_gate=_graph_us(two), us_gated=_graph_us(one))
+        print(f"attention_gate {kind} {cache} ctx={ctx}: {rec['us_attention_then_gate']:.2f} -> {rec['us_gated']:.2f} us")
+    summary.setdefault("gate", []).append(rec)

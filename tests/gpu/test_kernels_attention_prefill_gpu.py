@@ -124,7 +124,10 @@ def test_cuda_graph_replays_new_inputs(kind, kdir):
 @pytest.mark.parametrize("cache", ["bf16", "f8e4m3"])
 @pytest.mark.parametrize("kind", ["sliding", "full"])
 def test_compiled_kernel_does_not_spill(kind, cache, kdir):
-    """The kernel as aot_compile builds it for sm_90a (the launcher's OPTIONS), loaded: registers, no spills."""
+    """The kernel as aot_compile builds it for sm_90a (the launcher's OPTIONS), loaded: registers, no spills, except
+    the full layer over an fp8 cache, whose tiles (BLOCK_M 64, BLOCK_N 128, 4 warps, 2 stages) were chosen by time
+    on the H200 (2026-12-01: 23.4 ms vs 32.8 for the spill-free 128 / 64 / 8 warps at 8 x 2048 tokens over 100K)
+    and spill 6 registers there: a few, bounded here."""
     c = _constants(kind, cache)
     mod = _module(c, kdir)
     ck = aot_compile(mod, 90)
@@ -134,4 +137,29 @@ def test_compiled_kernel_does_not_spill(kind, cache, kdir):
                                    num_warps=mod.NUM_WARPS))
     print(f"attention_prefill {kind} {cache}: {ck.n_regs} registers, {ck.n_spills} spills, "
           f"{ck.metadata.shared} B shared")
-    assert ck.n_spills == 0
+    assert ck.n_spills <= (8 if (kind, cache) == ("full", "f8e4m3") else 0), ck.n_spills
+
+
+@pytest.mark.parametrize("kind,cache", [("full", "f8e4m3"), ("sliding", "bf16")])
+def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, kdir):
+    """attention_gate's prefill kernel (GATE) equals the attention prefill kernel then the sigmoid_gate kernel bit
+    for bit (bf16, TP-8 shapes, a ragged batch, strided gate rows, outputs poisoned)."""
+    c = _constants(kind, cache)
+    mod = _module(c, kdir)
+    gated = _module(dict(c, GATE=True), kdir)
+    gate_mod = load_kernel(KernelSpec("sigmoid_gate", "sigmoid_gate", dict(DTYPE="bf16", HEADS=c["HQ"],
+                                                                          HEAD_DIM=c["HEAD_DIM"], PDL=True)), kdir)
+    ins = make_case(c, [(0, 0, 300), (1, 511, 17), (2, 4096, 1)], seed=3, device="cuda", q_dtype=torch.bfloat16)
+    T, hq, d = ins[0].shape
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    g = torch.randn(T, (hq + 2) * d, device="cuda", generator=gen).to(torch.bfloat16)[:, :hq * d].view(T, hq, d)
+    b = torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)
+    o = torch.full_like(ins[0], float("nan"))
+    unfused = torch.full_like(o, float("nan"))
+    fused = torch.full_like(o, float("nan"))
+    mod.launch(*ins, o)
+    gate_mod.launch(o, g.contiguous(), b, unfused)
+    gated.launch(*ins, g, b, fused)
+    torch.cuda.synchronize()
+    assert not fused.isnan().any() and torch.equal(fused, unfused), (kind, cache)
+    SUMMARY.setdefault("gate", []).append(dict(kind=kind, cache=cache, tokens=T, bitwise=True))
