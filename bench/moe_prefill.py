@@ -104,16 +104,10 @@ def _baseline(x, idx, gu, dn, I: int, y):
 def _stage_us(mod, x, idx, params, y, scratch, reps: int = 3) -> list[float]:
     """µs of each of the kernel's five launches in a full `launch` (torch.profiler's device times of the launches'
     kernels, in launch order; median over `reps` launches)."""
-    from torch.profiler import ProfilerActivity, profile
+    from profile_step import device_kernels  # bench/profile_step.py
 
-    mod.launch(x, idx, *params, y, scratch)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            mod.launch(x, idx, *params, y, scratch)
-        torch.cuda.synchronize()
-    ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.name == "kernel"),
-                key=lambda e: e.time_range.start)
+    ev = [e for e in device_kernels(lambda: mod.launch(x, idx, *params, y, scratch), x.device, reps)
+          if e.name == "kernel"]
     n = len(mod.grids(x.shape[0]))
     assert len(ev) == n * reps, (len(ev), n * reps)
     per = [[ev[r * n + s].time_range.elapsed_us() for r in range(reps)] for s in range(n)]

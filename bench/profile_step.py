@@ -146,13 +146,11 @@ def breakdown_table(p: dict, top: int = 4) -> str:
     return "\n".join(lines)
 
 
-def profile_replay(fn, device, reps: int = 3) -> dict:
-    """Kernels per call of `fn` (a CUDA-graph replay) under the profiler. (Their summed durations are not the
-    step's time: a PDL kernel starts before its predecessor ends and waits inside, so the durations overlap.)"""
+def device_kernels(fn, device, reps: int = 3) -> list:
+    """The GPU kernels of `reps` calls of `fn` (after one warm-up call) under the profiler, in start order: torch
+    profiler events (`.name`, `.time_range`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    if device.type != "cuda":
-        return {"kernels": 0, "note": "no device"}
     fn()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -160,4 +158,12 @@ def profile_replay(fn, device, reps: int = 3) -> dict:
             fn()
         torch.cuda.synchronize(device)
     ev = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    return {"kernels": len(ev) / reps}
+    return sorted(ev, key=lambda e: e.time_range.start)
+
+
+def profile_replay(fn, device, reps: int = 3) -> dict:
+    """Kernels per call of `fn` (a CUDA-graph replay) under the profiler. (Their summed durations are not the
+    step's time: a PDL kernel starts before its predecessor ends and waits inside, so the durations overlap.)"""
+    if device.type != "cuda":
+        return {"kernels": 0, "note": "no device"}
+    return {"kernels": len(device_kernels(fn, device, reps)) / reps}

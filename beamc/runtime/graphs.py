@@ -19,8 +19,8 @@ import torch
 
 # library calls (beamc.runtime.library) that read device values back to the host: a step holding one cannot be
 # captured (they go away as issues 8 and 9 replace them with kernels)
-HOST_SYNC = {"attention": "the reference attention (torch.unique/.tolist per slot) until the attention kernels",
-             "attention_gate": "the reference attention (torch.unique/.tolist per slot) until the attention kernels",
+_REF_ATTENTION = "the reference attention (torch.unique/.tolist per slot) until the attention kernels"
+HOST_SYNC = {"attention": _REF_ATTENTION, "attention_gate": _REF_ATTENTION,
              "moe_experts_dense": "the reference MoE expert loop (torch.unique(idx).tolist()) until the MoE kernels",
              "moe_experts_nvfp4": "the reference MoE expert loop (torch.unique(idx).tolist()) until the MoE kernels",
              "all_gather": "all_gather allocates its parts per call through torch.distributed"}
