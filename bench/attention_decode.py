@@ -33,10 +33,20 @@ from beamc.spec import load_spec  # noqa: E402
 from test_kernels_attention_decode import TEMPLATE, constants, make_case, reference  # noqa: E402
 
 PAGE = 16
-# (BLOCK_N, NUM_WARPS, NUM_STAGES or None: Triton's default) swept beside the default render
-CONFIGS = ((64, 4, None), (128, 4, None), (32, 4, None), (64, 4, 2), (64, 4, 1), (128, 8, 2))
-FULL_SPLITS = (32, 64, 128, 256, 512)
-SLIDING_SPLITS = (1, 2, 4, 8)
+# template constants swept beside the default render (label, constants); "before" is the kernel as it was up to
+# 2026-12-01's fifth session (no software pipeline, stage 1 one program per head in chunks of 32 splits)
+CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERGE_D=128)),
+           ("no-prefetch", dict(PREFETCH=False)), ("bn128/no-prefetch", dict(BLOCK_N=128, PREFETCH=False)),
+           ("bn32", dict(BLOCK_N=32)),
+           # fewer warps per program: no cross-warp row reductions (shared memory + barriers) in the loop
+           ("w1/bn16", dict(NUM_WARPS=1, BLOCK_N=16, MERGE_D=16)), ("w1/bn32", dict(NUM_WARPS=1, BLOCK_N=32, MERGE_D=16)),
+           ("w1/bn64", dict(NUM_WARPS=1, BLOCK_N=64, MERGE_D=16)),
+           ("w1/bn32/no-prefetch", dict(NUM_WARPS=1, BLOCK_N=32, PREFETCH=False, MERGE_D=16)),
+           ("w2/bn32", dict(NUM_WARPS=2, BLOCK_N=32)), ("w2/bn64", dict(NUM_WARPS=2, BLOCK_N=64)),
+           ("w2/bn128/no-prefetch", dict(NUM_WARPS=2, BLOCK_N=128, PREFETCH=False)))
+# --configs picks some by label (the default always runs)
+FULL_SPLITS = (128, 256, 512, 1024)
+SLIDING_SPLITS = (4, 8, 16)
 
 
 def _cases(dry: bool) -> list[tuple[str, str, int]]:
@@ -55,13 +65,6 @@ def _constants(kind: str, kv: str, dry: bool, **extra) -> dict:
     window = load_spec(ROOT / "models/beam.yaml").effective_window
     return constants(a.num_heads // 8, max(a.num_kv_heads // 8, 1), a.head_dim, window if kind == "sliding" else 0,
                      "bf16", kv, PAGE if kind == "full" else None, **extra)
-
-
-def _config(block_n, warps, stages) -> dict:
-    c = dict(BLOCK_N=block_n, NUM_WARPS=warps)
-    if stages is not None:
-        c["NUM_STAGES"] = stages
-    return c
 
 
 def _sdpa_fn(case, c, keys: int):
@@ -154,20 +157,22 @@ def bench_cases(graph_time, copy_bw: float, device: str = "cuda", dry: bool = Fa
         nbytes = 2 * keys * c["HKV"] * c["HEAD_DIM"] * args[1].element_size()
         flops = 4 * c["HQ"] * c["HEAD_DIM"] * keys
         sweep = []
-        for cfg in CONFIGS[:1] if dry else CONFIGS:
-            m = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, **_config(*cfg))), kdir)
-            for s in (SLIDING_SPLITS if kind == "sliding" else FULL_SPLITS)[: 2 if dry else None]:
-                if s > triton_cdiv(keys, m.BLOCK_N):
+        for label, cfg in CONFIGS[:2] if dry else CONFIGS:
+            m = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, **cfg)), kdir)
+            for s in (None,) + (SLIDING_SPLITS if kind == "sliding" else FULL_SPLITS)[: 2 if dry else None]:
+                if s is not None and s > triton_cdiv(keys, m.BLOCK_N):
                     continue
                 sc = torch.empty(m.scratch_numel(1, s), dtype=torch.float32, device=device)
+                o = torch.full_like(args[0], float("nan"))  # poisoned: each variant's output checked
                 try:
-                    ts = graph_time(lambda: m.launch(*args, out, scratch=sc, splits=s), reps)
+                    ts = graph_time(lambda: m.launch(*args, o, scratch=sc, splits=s), reps)
                 except Exception as e:  # noqa: BLE001 - a config that does not compile / launch: say so, go on
-                    sweep.append(dict(block_n=cfg[0], warps=cfg[1], stages=cfg[2], splits=s, error=repr(e)[:200]))
+                    sweep.append(dict(config=label, splits=s, error=repr(e)[:200]))
                     continue
-                sweep.append(dict(block_n=cfg[0], warps=cfg[1], stages=cfg[2], splits=s, us=ts * 1e6,
-                                  tb_s=nbytes / ts / 1e12))
-        timed = [x for x in sweep if "us" in x]
+                e = ((o.float() - want.float()).norm() / want.float().norm()).item()
+                sweep.append(dict(config=label, splits=s if s else m.num_splits(1, max_ctx), us=ts * 1e6,
+                                  tb_s=nbytes / ts / 1e12, rel_err=e))
+        timed = [x for x in sweep if "us" in x and x["rel_err"] < 1e-2]  # only variants with right outputs
         best = min(timed, key=lambda x: x["us"]) if timed else None
         try:
             tb = graph_time(_sdpa_fn(case, c, keys), reps) * 1e6
@@ -196,9 +201,15 @@ def bench_cases(graph_time, copy_bw: float, device: str = "cuda", dry: bool = Fa
                "roofline_us": nbytes / (copy_bw * 1e12) * 1e6}
         print(f"attention_decode {kind:8s} {kv:7s} ctx {n:>6}: {rec['us']:7.2f} us {rec['tb_s']:5.2f} TB/s "
               f"(splits {rec['splits']}), best {best['us'] if best else float('nan'):7.2f} us "
-              f"[{best and {k: best[k] for k in ('block_n', 'warps', 'stages', 'splits')}}], "
+              f"[{best and {k: best[k] for k in ('config', 'splits')}}], "
               f"SDPA {tb if tb else float('nan'):7.2f} us, FlashInfer {fi if fi else float('nan'):7.2f} us, "
               f"rel err {err:.2e}")
+        for label, _ in CONFIGS:  # each config's best split, and its default split's time
+            xs = [x for x in sweep if x.get("config") == label and "us" in x]
+            if xs:
+                bx = min(xs, key=lambda x: x["us"])
+                print(f"    {label:18s} default split {xs[0]['us']:7.2f} us ({xs[0]['splits']}), best {bx['us']:7.2f} us "
+                      f"({bx['splits']} splits), max rel err {max(x['rel_err'] for x in xs):.1e}")
         records.append(rec)
     return records
 
@@ -208,10 +219,25 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def main() -> int:
+    """--dry: the tiny fp32 path on CPU. Else on the GPU: --cases kind:kv:context,... (default: every case of
+    `_cases`), --out DIR writes attention-decode-sweep-<date>.json there (command, date, device, records)."""
+    import argparse
+    import datetime
     import json
 
-    dry = "--dry" in sys.argv
-    if dry:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--configs", default=None, help="labels of CONFIGS to sweep, comma-separated")
+    ap.add_argument("--cases", default=None, help="kind:kv:context,... e.g. full:f8e4m3:100000,sliding:f8e4m3:4096")
+    a = ap.parse_args()
+    global _cases, CONFIGS
+    if a.configs:
+        CONFIGS = tuple(x for x in CONFIGS if x[0] in a.configs.split(","))
+    if a.cases:
+        chosen = [(k, kv, int(n)) for k, kv, n in (x.split(":") for x in a.cases.split(","))]
+        _cases = lambda dry: chosen  # noqa: E731 - the chosen cases instead of the default list
+    if a.dry:
         recs = bench_cases(lambda fn, reps: (fn(), 1e-6)[1], 1.0, device="cpu", dry=True)
         assert all(r["rel_err"] < 1e-5 for r in recs), [r["rel_err"] for r in recs]
     else:
@@ -221,6 +247,13 @@ def main() -> int:
         bw = kernels.copy_bandwidth()
         recs = bench_cases(kernels.graph_time, bw)
     print(json.dumps([{k: v for k, v in r.items() if k != "sweep"} for r in recs], indent=1, default=str))
+    if a.out:
+        date = datetime.date.today().isoformat()
+        doc = dict(date=date, command="python bench/attention_decode.py " + " ".join(sys.argv[1:]),
+                   device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", records=recs)
+        path = Path(a.out) / f"attention-decode-sweep-{date}.json"
+        path.write_text(json.dumps(doc, indent=1, default=str))
+        print(f"wrote {path}")
     return 0
 
 

@@ -156,6 +156,14 @@ CASES = {
                      [(0, [14, 15, 16, 17]), (1, [3]), (2, [0])], 8, (1, 2)),
     "fp8-paged-gate": (constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4, BLOCK_N=16, GATE=True),
                        [(0, [120]), (1, [5, 6]), (2, [0])], None, (1, 3)),
+    # the loop without the software pipeline (PREFETCH off: one block's loads, then its arithmetic), paged and ring
+    "paged-p4-noprefetch": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, PREFETCH=False),
+                            [(0, [122]), (1, [0]), (2, [37, 38])], None, (1, 4)),
+    "ring-w40-noprefetch": (constants(**TINY, window=40, dtype="f32", cache="f32", BLOCK_N=16, PREFETCH=False),
+                            [(0, list(range(86, 91))), (1, [20])], 44, (1, 5)),
+    # stage 1 in several chunks of splits (MERGE_CHUNK 2) and head-dim slices (MERGE_D 8 of 16)
+    "paged-p4-merge": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, MERGE_CHUNK=2,
+                                 MERGE_D=8), [(0, [122]), (1, [37, 38])], None, (3, 5, 8)),
 }
 
 
@@ -230,6 +238,8 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("tiny,full,bf16,no-pdl", spec_constants(tiny, 1, "full", "bf16", "bf16", 4, PDL=False)))
     for kind in ("sliding", "full"):  # attention_gate: the output gate in the epilogues
         out.append((f"full-tp8,{kind},f8e4m3,gate", spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True)))
+    out.append(("full-tp8,full,f8e4m3,no-prefetch", spec_constants(full, 8, "full", "bf16", "f8e4m3", 16,
+                                                                   PREFETCH=False)))
     return out
 
 
@@ -251,7 +261,7 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 22
+    assert len(results) == 24
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"
