@@ -45,10 +45,21 @@ def _gemv_cases(graph_time, kdir, device) -> list[dict]:
             x = ins[0]
             tb = graph_time(lambda: torch.mm(x, w.t(), out=y), 50)
             wbytes = sum(a.numel() * a.element_size() for a in ins[1:])
-            out.append({"kernel": f"gemv {name}", "op": ks.op, "tokens": M, "us": t * 1e6,
-                        "tb_s": wbytes / t / 1e12, "tflops": 2 * M * w.numel() / t / 1e12,
-                        "baseline": "cuBLAS torch.mm (bare GEMM), CUDA graph", "baseline_us": tb * 1e6,
-                        "bytes": wbytes, "shape": [K, int(w.shape[0])]})
+            rec = {"kernel": f"gemv {name}", "op": ks.op, "tokens": M, "us": t * 1e6,
+                   "tb_s": wbytes / t / 1e12, "tflops": 2 * M * w.numel() / t / 1e12,
+                   "baseline": "cuBLAS torch.mm (bare GEMM), CUDA graph", "baseline_us": tb * 1e6,
+                   "bytes": wbytes, "shape": [K, int(w.shape[0])]}
+            if M == 1 and mod.ONE_PASS:  # beside it, T = 1 through partials and a second launch (ONE_PASS off)
+                two = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits, ONE_PASS=False)[0], kdir)
+                ref = [g.clone() for g in got]
+                got2 = [torch.full_like(g, float("nan")) for g in got]
+                t2 = graph_time(lambda: two.launch(*ins, *got2, scratch=scratch), 50)
+                rec["two_launch_us"] = t2 * 1e6
+                rec["two_launch_rel_diff"] = max(((a.float() - b.float()).norm() / b.float().norm()).item()
+                                                 for a, b in zip(got2, ref))
+                print(f"gemv {name} M=1: one pass {t * 1e6:.2f} us, two launches {t2 * 1e6:.2f} us, cuBLAS "
+                      f"{tb * 1e6:.2f} us, rel diff {rec['two_launch_rel_diff']:.1e}")
+            out.append(rec)
     return out
 
 

@@ -84,8 +84,9 @@ def make_inputs(epi: str, K: int, N: int, T: int, dtype: torch.dtype, device="cp
 
 
 # ---------------------------------------------------------------- 1. fp32 instances under the interpreter
-# (K, N, SMS): aligned; a masked K tail and partial row and column blocks; SMS = 4 -> split K and several K blocks
-SHAPES_FP32 = ((256, 96, None), (200, 90, None), (600, 90, 4))
+# (K, N, SMS): aligned; a masked K tail and partial row and column blocks; SMS = 4 -> split K and several K blocks;
+# K 1280 -> five K chunks of the one-pass path (T = 1); "split-t1": ONE_PASS off (T = 1 through partials + stage 1)
+SHAPES_FP32 = ((256, 96, None), (200, 90, None), (600, 90, 4), (1280, 40, None), (600, 90, "split-t1"))
 CASES = [(epi, K, N, sms, pdl) for epi in OPS for K, N, sms in SHAPES_FP32 for pdl in (False, True)]
 T_INTERPRETED = (1, 2, 5, 17)  # 1: CUDA-core path; 2, 5: token block 16; 17: token block 32
 T_TWO_BLOCKS = 70  # token block 64, twice (the second one partly masked), at K 200 only (interpreter time)
@@ -102,7 +103,7 @@ def _interpreted_main(out: str) -> None:
     results = {}
     directory = Path(out).parent / "interpreted"
     for epi, K, N, sms, pdl in CASES:
-        extra = {"SMS": sms} if sms else {}
+        extra = {"ONE_PASS": False} if sms == "split-t1" else {"SMS": sms} if sms else {}
         ks, attrs = kernel_spec(epi, K, N, "f32", pdl=pdl, **extra)
         mod = load_kernel(ks, directory)
         gen = torch.Generator().manual_seed(11)
@@ -260,10 +261,15 @@ def test_bf16_aot_compiles(name, arch, T, kdir, tmp_path):
     assert mod.PDL is True
     tc = T >= mod.TC_MIN_T
     cx = mod.constexprs(T)
-    assert (cx["BLOCK_T"] > 0) == tc and (cx is mod.CONSTEXPRS) == (not tc)
-    if not tc:  # the split rule: at least 2 x 132 stage-0 programs, each W tile at most TILE elements
+    assert (cx["BLOCK_T"] > 0) == tc and (cx is mod.CONSTEXPRS1) == (not tc) and mod.ONE_PASS
+    if not tc:  # the split rule (T = 1 runs one pass: whole rows, one launch, its own grid rule)
         assert mod.WEIGHTS * triton_cdiv(N, mod.BLOCK_N) * mod.SPLIT_K >= 2 * 132
         assert mod.BLOCK_N * mod.K_CHUNK <= mod.TILE and mod.SPLIT_K * mod.K_CHUNK >= K
+        # one pass: >= 4 x 132 programs (or one row each), each <= TILE1 weights, the chunks covering K
+        assert cx["ONE_PASS"] and cx["SPLIT_K"] == 1 and cx["K_CHUNK"] == mod.KC1 and cx["BLOCK_N"] == mod.ROWS1
+        assert triton_cdiv(N, mod.ROWS1) >= 4 * 132 or mod.ROWS1 == 1
+        assert mod.WEIGHTS * mod.ROWS1 * mod.N_KC1 * mod.KC1 <= mod.TILE1 or mod.ROWS1 == 1
+        assert (mod.N_KC1 - 1) * mod.KC1 < K <= mod.N_KC1 * mod.KC1
     ck = aot_compile(_variant(mod, T), arch)
     ptx = ck.asm["ptx"]
     assert f".target sm_{arch}a" in ptx
@@ -271,7 +277,7 @@ def test_bf16_aot_compiles(name, arch, T, kdir, tmp_path):
     facts = pdl_facts(ptx)
     check_pdl_ptx(facts, True, ks.name)
     assert bool(ck.metadata.launch_pdl)
-    assert facts["waits"] == 2, facts
+    assert facts["waits"] == (2 if tc else 1), facts  # (T = 1: the one-pass kernel has no stage 1)
     if not tc:
         assert max(facts["loads_before_wait"]) > 0, facts  # stage 0: W loaded before its wait
     else:
@@ -322,7 +328,7 @@ def test_tensor_core_split_rule(name, kdir):
         assert c["SPLIT_K"] <= mod.SCRATCH_SPLIT
     c16 = mod.TC[16]
     assert c16["SPLIT_K"] * 16 * mod.N_W * 4 <= mod.N_W * K * 2 / 8
-    assert mod.constexprs(1) is mod.CONSTEXPRS and mod.constexprs(2)["BLOCK_T"] == 16
+    assert mod.constexprs(1) is mod.CONSTEXPRS1 and mod.constexprs(2)["BLOCK_T"] == 16
     assert mod.constexprs(17)["BLOCK_T"] == 32 and mod.constexprs(33)["BLOCK_T"] == 64
     assert mod.constexprs(1000)["BLOCK_T"] == 64
 
