@@ -35,9 +35,10 @@ from test_kernels_attention_decode import TEMPLATE, constants, make_case, refere
 PAGE = 16
 # template constants swept beside the default render (label, constants); "before" is the kernel as it was up to
 # 2026-12-01's fifth session (no software pipeline, stage 1 one program per head in chunks of 32 splits)
-CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERGE_D=128)),
+CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERGE_D=128, LAST_MERGE_MAX=1)),
+           ("two-launch", dict(LAST_MERGE_MAX=1)),  # stage 1 merges at every split count (no last-arriver merge)
            ("no-prefetch", dict(PREFETCH=False)), ("bn128/no-prefetch", dict(BLOCK_N=128, PREFETCH=False)),
-           ("bn32", dict(BLOCK_N=32)),
+           ("bn32", dict(BLOCK_N=32)), ("bn32/two-launch", dict(BLOCK_N=32, LAST_MERGE_MAX=1)),
            # fewer warps per program: no cross-warp row reductions (shared memory + barriers) in the loop
            ("w1/bn16", dict(NUM_WARPS=1, BLOCK_N=16, MERGE_D=16)), ("w1/bn32", dict(NUM_WARPS=1, BLOCK_N=32, MERGE_D=16)),
            ("w1/bn64", dict(NUM_WARPS=1, BLOCK_N=64, MERGE_D=16)),

@@ -37,9 +37,13 @@ for name, k in sorted(pkg.kernels.items()):
     variants = [("", None)]
     if k.template == "moe_nvfp4_prefill":
         variants.append(("+relaid", True))
+    if k.template in ("gemv", "moe_router"):  # T = 1 has its own path (one pass / one launch)
+        variants.append(("+T1", "T1"))
     for tag, relaid in variants:
         mod = load_kernel(k, d)
-        if relaid:
+        if relaid == "T1":
+            mod.CONSTEXPRS = dict(mod.constexprs(1), **({"INTERPRET": False} if "INTERPRET" in mod.CONSTEXPRS else {}))
+        elif relaid:
             mod.SIGNATURE, mod.CONSTEXPRS = mod.SIGNATURE_RELAID, dict(mod.CONSTEXPRS, RELAID=True)
         try:
             aot_compile(mod, 90)

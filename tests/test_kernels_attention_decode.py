@@ -161,9 +161,13 @@ CASES = {
                             [(0, [122]), (1, [0]), (2, [37, 38])], None, (1, 4)),
     "ring-w40-noprefetch": (constants(**TINY, window=40, dtype="f32", cache="f32", BLOCK_N=16, PREFETCH=False),
                             [(0, list(range(86, 91))), (1, [20])], 44, (1, 5)),
-    # stage 1 in several chunks of splits (MERGE_CHUNK 2) and head-dim slices (MERGE_D 8 of 16)
+    # stage 1 (splits > LAST_MERGE_MAX 2) in several chunks of splits (MERGE_CHUNK 2) and head-dim slices (MERGE_D 8
+    # of 16); 2 splits: the last-arriver merge in head-dim slices
     "paged-p4-merge": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, MERGE_CHUNK=2,
-                                 MERGE_D=8), [(0, [122]), (1, [37, 38])], None, (3, 5, 8)),
+                                 MERGE_D=8, LAST_MERGE_MAX=2), [(0, [122]), (1, [37, 38])], None, (2, 3, 5, 8)),
+    # the gate in stage 1's epilogue (LAST_MERGE_MAX 1: every split count > 1 merges in stage 1)
+    "fp8-paged-gate-stage1": (constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4, BLOCK_N=16, GATE=True,
+                                        LAST_MERGE_MAX=1), [(0, [120]), (1, [5, 6]), (2, [0])], None, (1, 3)),
 }
 
 
@@ -188,6 +192,7 @@ def check_case(name: str, directory: Path) -> list[dict]:
         scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
         mod.launch(*case["args"], *gate, got, scratch=scratch, splits=splits)
         assert torch.isnan(scratch[n:]).all(), f"{name} splits={splits}: a write past the scratch"
+        assert all(int(c.abs().sum()) == 0 for c in mod._COUNTERS["cpu"]), f"{name}: counters not back at 0"
         err = float("inf") if got.isnan().any() else rel_err(got, want)
         out.append(dict(splits=splits, used=splits or mod.num_splits(T, _max_context(mod, case)), err=err))
     return out
@@ -240,15 +245,23 @@ def _variants() -> list[tuple[str, dict]]:
         out.append((f"full-tp8,{kind},f8e4m3,gate", spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True)))
     out.append(("full-tp8,full,f8e4m3,no-prefetch", spec_constants(full, 8, "full", "bf16", "f8e4m3", 16,
                                                                    PREFETCH=False)))
+    for cache in ("bf16", "f8e4m3"):  # the last-arriver merge (sliding layers' split counts), gated, as emitted
+        out.append((f"full-tp8,sliding,{cache},gate,last-merge", spec_constants(full, 8, "sliding", "bf16", cache, 16,
+                                                                                GATE=True, BLOCK_N=32, _LAST=True)))
     return out
 
 
 def _compile(args) -> dict:
     label, c, arch, directory = args
     os.environ.pop("TRITON_INTERPRET", None)
+    c = dict(c)
+    last = c.pop("_LAST", False)
     mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if c.get("GATE") else "attention", c), directory)
+    if last:  # what the launcher launches with for 1 < splits <= LAST_MERGE_MAX
+        mod.CONSTEXPRS = dict(mod.CONSTEXPRS, LAST_MERGE=True)
     ck = aot_compile(mod, arch)
     ptx = ck.asm["ptx"]
+    assert bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == last, label  # the counter, only there
     return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
                 fp8=c["CACHE_DTYPE"] == "f8e4m3", pdl=mod.PDL, launch_pdl=bool(ck.metadata.launch_pdl),
@@ -261,7 +274,7 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 24
+    assert len(results) == 28
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"

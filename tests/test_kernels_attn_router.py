@@ -358,6 +358,9 @@ def _variants() -> list[tuple[str, str, dict]]:
                                     "qk_norm_pos_kv", {**c, **extra}))
             for path in ("small", "large"):
                 out.append((f"moe_router[{name},{path}{tag}]", "moe_router", {**router_constants(spec, path), **extra}))
+            # T = 1: the small path's one launch (the last program to finish selects)
+            out.append((f"moe_router[{name},small,T1{tag}]", "moe_router",
+                        {**router_constants(spec, "small"), **extra, "_T": 1}))
     return out
 
 
@@ -365,7 +368,11 @@ def _compile(args) -> dict:
     """One AOT compile in a worker process (the interpreter off); what the test asserts about its output."""
     label, template, constants, arch, directory = args
     os.environ.pop("TRITON_INTERPRET", None)
+    constants = dict(constants)
+    T = constants.pop("_T", None)
     mod = load_kernel(KernelSpec(template, template, constants), directory)
+    if T is not None:  # the constexprs the launcher launches T tokens with
+        mod.CONSTEXPRS = dict(mod.constexprs(T), INTERPRET=False)
     ck = aot_compile(mod, arch)
     ptx = ck.asm["ptx"]
     return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
@@ -373,7 +380,9 @@ def _compile(args) -> dict:
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
                 router=template == "moe_router", router_path=constants.get("PATH"),
                 tf32_split=ptx.count("cvt.rna.tf32.f32"), pdl=constants.get("PDL", True), options=dict(mod.OPTIONS),
-                launch_pdl=bool(ck.metadata.launch_pdl), **pdl_facts(ptx))
+                launch_pdl=bool(ck.metadata.launch_pdl), one_launch=T == 1,
+                atomic=bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)), fence="fence.acq_rel.gpu" in ptx,
+                **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
@@ -396,11 +405,14 @@ def test_aot_compile_every_variant(tmp_path):
                     launch_pdl=r["pdl"], **({"num_stages": 2} if r["router"] else {}))
         assert r["options"] == want and r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, r["pdl"], r["label"])
+        # the one-launch router: an acq_rel atomic at GPU scope and fences (the last program reads the others' logits)
+        assert r["atomic"] == r["fence"] == r["one_launch"], r
         if r["pdl"]:
-            assert r["waits"] == (2 if r["router"] else 1), r  # the router: one per stage's branch
+            # the router: one wait per stage's branch (the one-launch router: one)
+            assert r["waits"] == (2 if r["router"] and not r["one_launch"] else 1), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 60
-    assert sum(r["pdl"] for r in results) == 40
+    assert len(results) == 2 * len(_variants()) == 66
+    assert sum(r["pdl"] for r in results) == 44
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR
