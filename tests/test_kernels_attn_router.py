@@ -300,12 +300,15 @@ def test_qk_fp8_cache_interpreted(interpreted):
 ROUTER_CASES = [(spec, path, T) for spec in ("tiny", "odd") for path, Ts in (("small", (1, 5, 37)), ("large", (1, 70)))
                 for T in Ts]
 ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
+ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
 
 
-def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False) -> dict:
+def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False) -> dict:
     c = router_constants(tiny, path, "f32") if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE="f32", PATH=path)
     if pdl:
         c["PDL"] = True
+    if one_launch:
+        c["ONE_LAUNCH"] = True
     mod = load_interpreted("moe_router", c, kdir)
     g = torch.Generator().manual_seed(T)
     x = torch.randn(T, c["H"], generator=g)
@@ -317,6 +320,8 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False) -> dict:
     scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
     mod.launch(x, W, bias, weights, ids, scratch)
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
+    assert int(mod.counters("cpu").abs().sum()) == 0, "the counter is not back at 0"
+    assert mod.constexprs(T)["ONE_LAUNCH"] == (one_launch and T == 1)
 
     exact = (x.double() @ W.double().T)
     assert ((mod.logits(scratch, T) - exact).abs().max() / exact.abs().max()).item() < 1e-6
@@ -333,6 +338,12 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False) -> dict:
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_CASES)
 def test_moe_router_matches_reference(spec_name, path, T, interpreted):
     _check(interpreted, f"router[{spec_name}-{path}-{T}]")
+
+
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_ONE_LAUNCH_CASES)
+def test_moe_router_one_launch_interpreted(spec_name, path, T, interpreted):
+    """The one-launch option at T = 1 (the last program to finish selects; its counter back at 0) matches."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+one]")
 
 
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_PDL_CASES)
@@ -358,9 +369,9 @@ def _variants() -> list[tuple[str, str, dict]]:
                                     "qk_norm_pos_kv", {**c, **extra}))
             for path in ("small", "large"):
                 out.append((f"moe_router[{name},{path}{tag}]", "moe_router", {**router_constants(spec, path), **extra}))
-            # T = 1: the small path's one launch (the last program to finish selects)
+            # T = 1: the small path's one launch (the last program to finish selects; an option, off by default)
             out.append((f"moe_router[{name},small,T1{tag}]", "moe_router",
-                        {**router_constants(spec, "small"), **extra, "_T": 1}))
+                        {**router_constants(spec, "small"), **extra, "ONE_LAUNCH": True, "_T": 1}))
     return out
 
 
@@ -423,6 +434,8 @@ def _interpreter_cases(tiny):
     yield from ((f"qk[{a}-{b}-{c}+pdl]", lambda *x: check_qk(*x, pdl=True), (a, b, c)) for a, b, c in QK_PDL_CASES)
     yield from ((f"router[{a}-{b}-{t}+pdl]", lambda *x: check_router(*x, pdl=True), (a, b, t))
                 for a, b, t in ROUTER_PDL_CASES)
+    yield from ((f"router[{a}-{b}-{t}+one]", lambda *x: check_router(*x, one_launch=True), (a, b, t))
+                for a, b, t in ROUTER_ONE_LAUNCH_CASES)
 
 
 if __name__ == "__main__":

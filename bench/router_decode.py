@@ -1,0 +1,57 @@
+"""moe_router at T = 1 (batch-1 decode) on the GPU, one TP-8 rank of the full spec: the one-launch option (ONE_LAUNCH:
+the last program to finish selects) beside the default two launches (partial logits, then the selection), each a
+CUDA-graph replay of 50 launches (bench/kernels.py graph_time); outputs checked equal (ids) and close (weights).
+
+    python bench/router_decode.py --out $OUT
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from beamc.codegen.kernel import KernelSpec, load_kernel  # noqa: E402
+from beamc.spec import load_spec  # noqa: E402
+
+
+def main() -> int:
+    import kernels
+    from test_kernels_attn_router import router_constants
+
+    out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else None
+    c = router_constants(load_spec(ROOT / "models/beam.yaml"), "small")
+    kdir = tempfile.mkdtemp()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1, c["H"], device="cuda", generator=g).to(torch.bfloat16)
+    W = torch.randn(c["E"], c["H"], device="cuda", generator=g) * 0.02
+    bias = torch.randn(c["E"], device="cuda", generator=g) * 0.01
+    recs = {}
+    for label, extra in (("one launch", {"ONE_LAUNCH": True}), ("two launches", {})):
+        mod = load_kernel(KernelSpec("moe_router", "moe_router", dict(c, **extra)), kdir)
+        w = torch.full((1, c["TOP_K"]), float("nan"), device="cuda")
+        ids = torch.full((1, c["TOP_K"]), -1, dtype=torch.int64, device="cuda")
+        scratch = torch.empty(mod.scratch_numel(1), device="cuda")
+        t = kernels.graph_time(lambda: mod.launch(x, W, bias, w, ids, scratch), 50)
+        recs[label] = dict(us=t * 1e6, ids=ids.tolist(), weights=w.tolist())
+        print(f"moe_router T=1 {label}: {t * 1e6:.2f} us")
+    same = recs["one launch"]["ids"] == recs["two launches"]["ids"]
+    print(f"ids equal: {same}")
+    if out:
+        date = datetime.date.today().isoformat()
+        doc = dict(date=date, command="python bench/router_decode.py --out $OUT", device=torch.cuda.get_device_name(),
+                   records=recs, ids_equal=same)
+        (out / f"router-decode-{date}.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
