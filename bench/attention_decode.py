@@ -62,10 +62,13 @@ def _constants(kind: str, kv: str, dry: bool, **extra) -> dict:
     if dry:  # tiny fp32: 6 query heads / 1 KV head of 32, window 32, blocks of 16
         return constants(6, 1, 32, 32 if kind == "sliding" else 0, "f32", kv, PAGE if kind == "full" else None,
                          BLOCK_N=16, **extra)
+    from beamc.codegen.emitters import attention_decode_tiles
+
     a = load_spec(ROOT / "models/beam.yaml").attention
-    window = load_spec(ROOT / "models/beam.yaml").effective_window
-    return constants(a.num_heads // 8, max(a.num_kv_heads // 8, 1), a.head_dim, window if kind == "sliding" else 0,
-                     "bf16", kv, PAGE if kind == "full" else None, **extra)
+    window = load_spec(ROOT / "models/beam.yaml").effective_window if kind == "sliding" else 0
+    tiles = dict(attention_decode_tiles(window), **extra)  # the emitted tiles, unless a sweep config overrides them
+    return constants(a.num_heads // 8, max(a.num_kv_heads // 8, 1), a.head_dim, window, "bf16", kv,
+                     PAGE if kind == "full" else None, **tiles)
 
 
 def _sdpa_fn(case, c, keys: int):

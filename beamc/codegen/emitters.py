@@ -231,6 +231,13 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
             dataclasses.replace(large, min_tokens=MOE_DECODE_MAX_TOKENS + 1)]
 
 
+def attention_decode_tiles(window: int) -> dict:
+    """The decode attention template's tile constants for a layer: over a window, blocks of 32 keys (16 splits of a
+    512 window; the H200 sweeps of 2026-12-01, bench/results/attention-decode-sweep-2026-12-01-s5run{1,4}.json:
+    4.44 vs 5.17 us fp8, 4.33 vs 4.64 bf16); full layers the template's default (64)."""
+    return {"BLOCK_N": 32} if window else {}
+
+
 @emits("attention", "attention_gate")
 def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     """Decode: flash-decoding over the ring (sliding) or the pages (full), split over the context so that one
@@ -242,9 +249,7 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     paged = bool(a.get("paged"))
     q, kc = node.inputs[:2]
     template = "attention_decode" if g.meta["phase"] == "decode" else "attention_prefill"
-    # decode over a window: blocks of 32 keys (16 splits of a 512 window; the H200 sweeps of 2026-12-01,
-    # bench/results/attention-decode-sweep-2026-12-01-s5run{1,4}.json: 4.44 vs 5.17 us fp8, 4.33 vs 4.64 bf16)
-    tiles = {"BLOCK_N": 32} if template == "attention_decode" and a["window"] else {}
+    tiles = attention_decode_tiles(a["window"] or 0) if template == "attention_decode" else {}
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
                    WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
                    GATE=node.op == "attention_gate", **tiles)]

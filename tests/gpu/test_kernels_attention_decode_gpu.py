@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from beamc.codegen.emitters import attention_decode_tiles
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.spec import load_spec
 from conftest import captured_graph, write_gpu_summary
@@ -50,7 +51,10 @@ def _module(c: dict, directory: Path):
 
 
 def _constants(kind: str, cache: str) -> dict:
-    return spec_constants(load_spec(ROOT / "models/beam.yaml"), 8, kind, "bf16", cache, PAGE)
+    """The TP-8 constants with the tiles the compiler emits for this layer kind (sliding: blocks of 32)."""
+    spec = load_spec(ROOT / "models/beam.yaml")
+    return spec_constants(spec, 8, kind, "bf16", cache, PAGE,
+                          **attention_decode_tiles(spec.effective_window if kind == "sliding" else 0))
 
 
 def _seqs(ctx: list[int], chunk: int) -> list[tuple[int, list[int]]]:
