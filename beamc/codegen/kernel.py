@@ -38,6 +38,17 @@ TL_TYPE = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f8e4m3": "fp8e4nv", "i
 TL_DTYPE = {"bf16": "tl.bfloat16", "f16": "tl.float16", "f32": "tl.float32", "f8e4m3": "tl.float8e4nv"}
 
 
+def whole_row_chunks(k: int) -> tuple[int, int]:
+    """(chunk, chunks) for a kernel that holds a whole row of k values as one register tile per chunk (rendered one
+    named tile each: the one-pass GEMV, the one-launch router): the largest power of 2 in [64, 1024] dividing k, else
+    min(1024, next_pow2(k)) with a masked tail."""
+    c = next((c for c in (1024, 512, 256, 128, 64) if k % c == 0), min(1024, 1 << max(k - 1, 1).bit_length()))
+    return c, -(-k // c)
+
+
+_ENV.globals["whole_row_chunks"] = whole_row_chunks
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One kernel of a package: which template, specialised with which constants, for which IR op."""
