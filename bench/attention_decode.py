@@ -39,6 +39,9 @@ CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERG
            ("two-launch", dict(LAST_MERGE_MAX=1)),  # stage 1 merges at every split count (no last-arriver merge)
            ("no-prefetch", dict(PREFETCH=False)), ("bn128/no-prefetch", dict(BLOCK_N=128, PREFETCH=False)),
            ("bn32", dict(BLOCK_N=32)), ("bn32/two-launch", dict(BLOCK_N=32, LAST_MERGE_MAX=1)),
+           # deeper software pipelines: more K/V bytes in flight per program (the loop measured latency-bound)
+           ("prefetch2", dict(PREFETCH=2)), ("bn32/prefetch2", dict(BLOCK_N=32, PREFETCH=2)),
+           ("bn32/prefetch3", dict(BLOCK_N=32, PREFETCH=3)), ("bn32/prefetch4", dict(BLOCK_N=32, PREFETCH=4)),
            # fewer warps per program: no cross-warp row reductions (shared memory + barriers) in the loop
            ("w1/bn16", dict(NUM_WARPS=1, BLOCK_N=16, MERGE_D=16)), ("w1/bn32", dict(NUM_WARPS=1, BLOCK_N=32, MERGE_D=16)),
            ("w1/bn64", dict(NUM_WARPS=1, BLOCK_N=64, MERGE_D=16)),

@@ -161,6 +161,11 @@ CASES = {
                             [(0, [122]), (1, [0]), (2, [37, 38])], None, (1, 4)),
     "ring-w40-noprefetch": (constants(**TINY, window=40, dtype="f32", cache="f32", BLOCK_N=16, PREFETCH=False),
                             [(0, list(range(86, 91))), (1, [20])], 44, (1, 5)),
+    # deeper software pipelines (2 and 3 blocks of K/V in flight), paged and ring, shares of 1 to many blocks
+    "paged-p4-prefetch2": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, PREFETCH=2),
+                           [(0, [122]), (1, [0]), (2, [37, 38])], None, (1, 4)),
+    "ring-w40-prefetch3": (constants(**TINY, window=40, dtype="f32", cache="f32", BLOCK_N=16, PREFETCH=3),
+                           [(0, list(range(86, 91))), (1, [20])], 44, (1, 2)),
     # stage 1 (splits > LAST_MERGE_MAX 2) in several chunks of splits (MERGE_CHUNK 2) and head-dim slices (MERGE_D 8
     # of 16); 2 splits: the last-arriver merge in head-dim slices
     "paged-p4-merge": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, MERGE_CHUNK=2,
@@ -245,6 +250,7 @@ def _variants() -> list[tuple[str, dict]]:
         out.append((f"full-tp8,{kind},f8e4m3,gate", spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True)))
     out.append(("full-tp8,full,f8e4m3,no-prefetch", spec_constants(full, 8, "full", "bf16", "f8e4m3", 16,
                                                                    PREFETCH=False)))
+    out.append(("full-tp8,full,f8e4m3,prefetch2", spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, PREFETCH=2)))
     for cache in ("bf16", "f8e4m3"):  # the last-arriver merge (sliding layers' split counts), gated, as emitted
         out.append((f"full-tp8,sliding,{cache},gate,last-merge", spec_constants(full, 8, "sliding", "bf16", cache, 16,
                                                                                 GATE=True, BLOCK_N=32, _LAST=True)))
@@ -274,7 +280,7 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 28
+    assert len(results) == 30
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"
