@@ -141,7 +141,8 @@ def write_gpu_summary(summary: dict, name: str):
 
 def assert_template_contract(mod) -> None:
     """The contract of beamc/codegen/kernel.py for a rendered module rendered with PDL on: every kernel argument
-    typed in SIGNATURE, in order; constexprs as CONSTEXPRS; one OPTIONS dict that the launcher launches with."""
+    typed in SIGNATURE, in order; constexprs as CONSTEXPRS; one OPTIONS dict that the launcher launches with (and
+    LAUNCH_OPTIONS, where it launches with others too)."""
     import inspect
 
     assert list(mod.SIGNATURE) == mod.kernel.arg_names  # every kernel argument typed, in order
@@ -152,7 +153,13 @@ def assert_template_contract(mod) -> None:
                         launch_pdl=True) and mod.PDL is True
     assert mod.OPTIONS.get("num_stages", getattr(mod, "NUM_STAGES", 3)) == getattr(mod, "NUM_STAGES", 3)
     launch_src = inspect.getsource(mod.launch)
-    assert "**OPTIONS)" in launch_src and "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
+    assert "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
+    # other option sets the launcher launches with (LAUNCH_OPTIONS: the router's one-warp selection) differ from
+    # OPTIONS in their warps only
+    sets = [dict(o) for o in getattr(mod, "LAUNCH_OPTIONS", (mod.OPTIONS,))]
+    assert sets[0] == mod.OPTIONS
+    assert all(dict(o, num_warps=0) == dict(mod.OPTIONS, num_warps=0) for o in sets)
+    assert "**OPTIONS)" in launch_src or (len(sets) > 1 and "**opts)" in launch_src)
 
 
 def hf_model(ckpt: Path, dtype: torch.dtype, attn: str = "sdpa"):

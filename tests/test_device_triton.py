@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not DEVICE_TRITON, reason="set BEAMC_DEVICE_TRIT
 CHILD = r"""
 import json, sys, tempfile, traceback
 import triton
-from beamc.codegen.kernel import aot_compile, load_kernel
+from beamc.codegen.kernel import aot_compile, launch_options, load_kernel
 from beamc.codegen.package import compile_package
 from beamc.passes.manager import PASSES
 from beamc.spec import load_spec
@@ -46,8 +46,9 @@ for name, k in sorted(pkg.kernels.items()):
         elif relaid:
             mod.SIGNATURE, mod.CONSTEXPRS = mod.SIGNATURE_RELAID, dict(mod.CONSTEXPRS, RELAID=True)
         try:
-            aot_compile(mod, 90)
-            out["compiled"].append(name + tag)
+            for i, options in enumerate(launch_options(mod)):  # each binary the launcher launches
+                aot_compile(mod, 90, options)
+                out["compiled"].append(name + tag + (f"+options{i}" if i else ""))
         except Exception:
             out["failed"][name + tag] = traceback.format_exc().splitlines()[-1][:300]
 print(json.dumps(out))

@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.ir.reference import REFS, kv_store, q_scale_ref, rmsnorm_ref, rope_ref
 from beamc.spec import load_spec
 
@@ -215,6 +215,8 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 QK_CASES = [(spec, mode, layout) for spec in ("tiny", "odd") for mode in ("rope", "ssmax") for layout in ("ring", "paged")]
+# more KV heads than one block of heads (HEAD_BLOCK 8): the k / v loop, where one block is loaded up front otherwise
+QK_CASES += [("wide", "rope", "paged"), ("wide", "ssmax", "ring")]
 # rendered with PDL on (gdc calls in the source; the interpreter skips them): the same results
 QK_PDL_CASES = [("odd", "rope", "paged"), ("tiny", "ssmax", "ring")]
 
@@ -225,6 +227,8 @@ def check_qk(spec_name, mode, layout, tiny, kdir, pdl: bool = False) -> dict:
         c, window = qk_constants(tiny, 1, mode, "f32", "f32", page), tiny.effective_window
     else:
         c, window = odd_qk_constants(mode, "f32", "f32", page), ODD_WINDOW
+        if spec_name == "wide":
+            c.update(HQ=20, HKV=10)
     if pdl:
         c["PDL"] = True
     mod = load_interpreted("qk_norm_pos_kv", c, kdir)
@@ -369,6 +373,9 @@ def _variants() -> list[tuple[str, str, dict]]:
                                     "qk_norm_pos_kv", {**c, **extra}))
             for path in ("small", "large"):
                 out.append((f"moe_router[{name},{path}{tag}]", "moe_router", {**router_constants(spec, path), **extra}))
+                # the selection's own binary (the launcher's second set of options: one warp)
+                out.append((f"moe_router[{name},{path},select{tag}]", "moe_router",
+                            {**router_constants(spec, path), **extra, "_OPTS": 1}))
             # T = 1: the small path's one launch (the last program to finish selects; an option, off by default)
             out.append((f"moe_router[{name},small,T1{tag}]", "moe_router",
                         {**router_constants(spec, "small"), **extra, "ONE_LAUNCH": True, "_T": 1}))
@@ -381,16 +388,18 @@ def _compile(args) -> dict:
     os.environ.pop("TRITON_INTERPRET", None)
     constants = dict(constants)
     T = constants.pop("_T", None)
+    which = constants.pop("_OPTS", 0)  # which of the launcher's option sets
     mod = load_kernel(KernelSpec(template, template, constants), directory)
     if T is not None:  # the constexprs the launcher launches T tokens with
         mod.CONSTEXPRS = dict(mod.constexprs(T), INTERPRET=False)
-    ck = aot_compile(mod, arch)
+    options = launch_options(mod)[which]
+    ck = aot_compile(mod, arch, options)
     ptx = ck.asm["ptx"]
     return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 mma=bool(re.search(r"\bw?mma", ptx)), fp8_cvt="cvt.rn.satfinite.e4m3x2.f32" in ptx,
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
                 router=template == "moe_router", router_path=constants.get("PATH"),
-                tf32_split=ptx.count("cvt.rna.tf32.f32"), pdl=constants.get("PDL", True), options=dict(mod.OPTIONS),
+                tf32_split=ptx.count("cvt.rna.tf32.f32"), pdl=constants.get("PDL", True), options=options,
                 launch_pdl=bool(ck.metadata.launch_pdl), one_launch=T == 1,
                 atomic=bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)), fence="fence.acq_rel.gpu" in ptx,
                 **pdl_facts(ptx))
@@ -422,8 +431,10 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (2 if r["router"] and not r["one_launch"] else 1), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 66
-    assert sum(r["pdl"] for r in results) == 44
+    assert len(results) == 2 * len(_variants()) == 78
+    assert sum(r["pdl"] for r in results) == 52
+    # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
+    assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

@@ -10,7 +10,8 @@ The contract every template renders (see any `templates/*.py.j2`):
 - `SIGNATURE` (argument name -> Triton type, e.g. "*bf16", "i32", "constexpr") and `CONSTEXPRS` (name -> value):
   what `triton.compile` needs to compile the kernel ahead of time for a target (sm_90a, sm_100a) with no GPU;
 - `OPTIONS`: the compile options the launcher launches with (num_warps, enable_fp_fusion=False,
-  enable_reflect_ftz=False, launch_pdl), which `aot_compile` uses too;
+  enable_reflect_ftz=False, launch_pdl), which `aot_compile` uses too; a launcher that launches with other
+  options as well (the router's one-warp selection) lists every set in `LAUNCH_OPTIONS` (`launch_options(mod)`);
 - `GRID`: the launch grid rule in words (it goes into the manifest).
 Kernels are compiled without FP contraction (`enable_fp_fusion=False`): an FMA would round differently from the
 reference's separate multiply and add.
@@ -90,9 +91,15 @@ def load_kernel(k: KernelSpec, directory: str | Path | None = None) -> ModuleTyp
     return load_source(k.source(), k.name, directory)
 
 
-def aot_compile(mod: ModuleType, arch: int):
+def launch_options(mod: ModuleType) -> list[dict]:
+    """Every set of compile options the module's launcher launches with: `LAUNCH_OPTIONS`, else just `OPTIONS`."""
+    return [dict(o) for o in getattr(mod, "LAUNCH_OPTIONS", (mod.OPTIONS,))]
+
+
+def aot_compile(mod: ModuleType, arch: int, options: dict | None = None):
     """Compile a generated module's kernel ahead of time for sm_<arch> (90 -> sm_90a, 100 -> sm_100a), no GPU
-    needed. Returns Triton's compiled kernel (its .asm holds ptx and cubin)."""
+    needed, with the launcher's `OPTIONS` (or `options`: one of `launch_options(mod)`). Returns Triton's compiled
+    kernel (its .asm holds ptx and cubin)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -100,5 +107,6 @@ def aot_compile(mod: ModuleType, arch: int):
     # pointers 16-byte aligned (torch's allocations are): what lets the compiler vectorise loads, as at run time
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(mod.SIGNATURE.values()) if t.startswith("*")}
     src = ASTSource(fn=mod.kernel, signature=mod.SIGNATURE, constexprs=mod.CONSTEXPRS, attrs=aligned)
-    options = dict(mod.OPTIONS)  # the launcher's own options: same warps (same reduction order), no FMA, no FTZ
+    # the launcher's own options: same warps (same reduction order), no FMA, no FTZ
+    options = dict(mod.OPTIONS if options is None else options)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

@@ -282,14 +282,15 @@ def test_moe_router_paths_agree(spec_name, T, kdir, summary):
 def test_moe_router_any_num_warps(spec_name, path, num_warps, kdir, summary):
     """The selection is right at every num_warps (Triton once miscompiled a reduced tile's layout at 1-2 warps)."""
     mod = _module("moe_router", _router_constants(spec_name, path), kdir)
-    saved = dict(mod.OPTIONS)
-    mod.OPTIONS["num_warps"] = num_warps
+    saved = dict(mod.OPTIONS), dict(mod.OPTIONS_SELECT)
+    mod.OPTIONS["num_warps"] = mod.OPTIONS_SELECT["num_warps"] = num_warps  # both launches (the selection's own)
     try:
         x, W, bias = _router_inputs(mod.CONSTEXPRS, 37, seed=num_warps)
         weights, ids, logits, _ = _run_router(mod, x, W, bias)
     finally:
-        mod.OPTIONS.clear()
-        mod.OPTIONS.update(saved)
+        for d, old in zip((mod.OPTIONS, mod.OPTIONS_SELECT), saved):
+            d.clear()
+            d.update(old)
     attrs = dict(n_group=mod.N_GROUP, topk_group=mod.TOPK_GROUP, top_k=mod.TOP_K, renormalize=mod.RENORMALIZE,
                  eps=mod.EPS)
     w_own, id_own = moe_select_ref(logits, bias, attrs)
