@@ -156,7 +156,9 @@ def assert_template_contract(mod) -> None:
     assert "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
     # other option sets the launcher launches with (LAUNCH_OPTIONS: the router's one-warp selection) differ from
     # OPTIONS in their warps only
-    sets = [dict(o) for o in getattr(mod, "LAUNCH_OPTIONS", (mod.OPTIONS,))]
+    from beamc.codegen.kernel import launch_options
+
+    sets = launch_options(mod)
     assert sets[0] == mod.OPTIONS
     assert all(dict(o, num_warps=0) == dict(mod.OPTIONS, num_warps=0) for o in sets)
     assert "**OPTIONS)" in launch_src or (len(sets) > 1 and "**opts)" in launch_src)
