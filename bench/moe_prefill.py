@@ -45,6 +45,14 @@ VARIANTS = (
     ("moe_nvfp4_prefill swap relaid BLOCK_M=64 warps=4", dict(SWAP=True, BLOCK_M=64, NUM_WARPS=4), True),
     ("moe_nvfp4_prefill BLOCK_M=256 stages=2", dict(BLOCK_M=256, NUM_STAGES=2), False),
     ("moe_nvfp4_prefill native_fp4", dict(NATIVE_FP4=True), False),
+    # DEQUANT: the gate_up weights of the experts with rows dequantised once into bf16 scratch, then that GEMM on plain
+    # bf16 tiles; the down GEMM with its dequantisation in the loop on 64-row parts of the 128-row blocks
+    ("moe_nvfp4_prefill dequant relaid", dict(DEQUANT=True), True),
+    ("moe_nvfp4_prefill dequant relaid BLOCK_N=64 BLOCK_K=128", dict(DEQUANT=True, BLOCK_N=64, BLOCK_K=128), True),
+    ("moe_nvfp4_prefill dequant relaid DQ_ROWS=64", dict(DEQUANT=True, DQ_ROWS=64), True),
+    ("moe_nvfp4_prefill dequant relaid stages=4", dict(DEQUANT=True, NUM_STAGES=4), True),
+    ("moe_nvfp4_prefill dequant relaid BLOCK_M2=128 SWAP2 warps2=8", dict(DEQUANT=True, BLOCK_M2=128, NUM_WARPS2=8),
+     True),
 )
 
 
@@ -111,10 +119,13 @@ def _stage_us(mod, x, idx, params, y, scratch, reps: int = 3) -> list[float]:
     n = len(mod.grids(x.shape[0]))
     assert len(ev) == n * reps, (len(ev), n * reps)
     per = [[ev[r * n + s].time_range.elapsed_us() for r in range(reps)] for s in range(n)]
-    return [sorted(v)[len(v) // 2] for v in per]
+    order = getattr(mod, "STAGES", tuple(range(n)))
+    return {st: sorted(v)[len(v) // 2] for st, v in zip(order, per)}  # by stage id (5: DEQUANT's dequantisation)
 
 
-def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", tokens: int = TOKENS) -> list[dict]:
+def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", tokens: int = TOKENS,
+                only: str | None = None) -> list[dict]:
+    """Every VARIANT (or those whose label contains one of the comma-separated words of `only`) at `tokens`."""
     import tempfile
 
     import triton
@@ -145,6 +156,10 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
     decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", c), kdir)
     relaid_params = decode.relayout(params)
     for label, extra, relaid in VARIANTS:
+        words = (only or "").split(",")  # a word ending in "$": that label exactly
+        if only and label != "moe_nvfp4_prefill relaid" and not any(
+                label == w[:-1] if w.endswith("$") else w in label for w in words):
+            continue
         rec = {"kernel": label, "op": "moe_experts", "tokens": tokens, "top_k": k, "shape": [E, H, I],
                "baseline": base_label, "baseline_us": tb * 1e6, "baseline_tflops": flops / tb / 1e12,
                "bytes": nbytes, "triton": triton.__version__, "relaid": relaid}
@@ -158,7 +173,8 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
             rec.update(us=t * 1e6, tb_s=nbytes / t / 1e12, tflops=flops / t / 1e12, rel_err_vs_baseline=_rel(y, y_base),
                        tiles=dict(BLOCK_M=mod.BLOCK_M, BLOCK_N=mod.BLOCK_N, BLOCK_K=mod.BLOCK_K,
                                   BLOCK_N2=mod.BLOCK_N2, BLOCK_K2=mod.BLOCK_K2, NUM_WARPS=mod.NUM_WARPS,
-                                  NUM_STAGES=mod.NUM_STAGES, SWAP=mod.SWAP),
+                                  NUM_STAGES=mod.NUM_STAGES, SWAP=mod.SWAP, DEQUANT=mod.DEQUANT, SWAP2=mod.SWAP2,
+                                  BLOCK_M2=mod.BLOCK_M2, NUM_WARPS2=mod.NUM_WARPS2),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec
             rec["stage_us"] = _stage_us(mod, x, idx, p, y, scratch)
@@ -179,10 +195,30 @@ if __name__ == "__main__":
     import json
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=TOKENS)
+    ap.add_argument("--tokens", default=str(TOKENS), help="comma-separated token counts")
+    ap.add_argument("--only", default=None, help="comma-separated words: the variants whose label holds one "
+                    "(and the default on re-laid-out weights)")
+    ap.add_argument("--out", default=None, help="write the records here as moe-prefill-DATE.json")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
+    import datetime
+
     from kernels import graph_time
 
-    for r in bench_cases(graph_time, tokens=args.tokens):
-        print(json.dumps(r))
+    recs = []
+    for tok in map(int, args.tokens.split(",")):
+        for r in bench_cases(graph_time, tokens=tok, only=args.only):
+            print(json.dumps(r), flush=True)
+            recs.append(r)
+        torch.cuda.empty_cache()
+    if args.out:
+        date = datetime.date.today().isoformat()
+        facts = {"date": date, "device": torch.cuda.get_device_name(), "command": "python " + " ".join(sys.argv),
+                 "records": recs}
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"moe-prefill-{date}.json").write_text(json.dumps(facts, indent=1) + "\n")
+    print(f"{'variant':<70} {'tokens':>6} {'us':>9} {'TFLOP/s':>8} stages (us)")
+    for r in recs:
+        st = " ".join(f"{k}:{v:.0f}" for k, v in (r.get("stage_us") or {}).items())
+        print(f"{r['kernel']:<70} {r['tokens']:>6} {r['us'] or 0:>9.1f} {r['tflops'] or 0:>8.1f} {st} "
+              f"{r.get('error', '')[:80]}")

@@ -154,14 +154,16 @@ def assert_template_contract(mod) -> None:
     assert mod.OPTIONS.get("num_stages", getattr(mod, "NUM_STAGES", 3)) == getattr(mod, "NUM_STAGES", 3)
     launch_src = inspect.getsource(mod.launch)
     assert "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
-    # other option sets the launcher launches with (LAUNCH_OPTIONS: the router's one-warp selection) differ from
-    # OPTIONS in their warps only
+    # other option sets the launcher launches with (LAUNCH_OPTIONS: the router's one-warp selection, the MoE prefill's
+    # per-stage binaries) differ from OPTIONS in their warps and pinned constants (of the kernel's) only
     from beamc.codegen.kernel import launch_options
 
     sets = launch_options(mod)
     assert sets[0] == mod.OPTIONS
-    assert all(dict(o, num_warps=0) == dict(mod.OPTIONS, num_warps=0) for o in sets)
-    assert "**OPTIONS)" in launch_src or (len(sets) > 1 and "**opts)" in launch_src)
+    assert all(dict(o, num_warps=0, constexprs=0) == dict(mod.OPTIONS, num_warps=0, constexprs=0) for o in sets)
+    assert all(set(o.get("constexprs", {})) <= set(mod.CONSTEXPRS) for o in sets)
+    # (a launcher that picks an option set per launch, from LAUNCH_OPTIONS or per stage from STAGE_OPTIONS)
+    assert "**OPTIONS)" in launch_src or ((len(sets) > 1 or hasattr(mod, "STAGE_OPTIONS")) and "**opts)" in launch_src)
 
 
 def hf_model(ckpt: Path, dtype: torch.dtype, attn: str = "sdpa"):

@@ -42,8 +42,11 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     assert all(p == ["decode", "prefill"] for name, p in phases.items() if not name.startswith(decode_only))
     assert all(p == ["decode"] for name, p in phases.items() if name.startswith(("gemv", "attention_decode")))
     assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("attention_prefill"))
-    moe = {v["template"]: v["runs_when"] for v in man["kernels"].values() if v["op"] == "moe_experts"}
-    assert moe == {"moe_nvfp4_decode.py.j2": "T <= 64", "moe_nvfp4_prefill.py.j2": "T >= 65"}
+    moe = sorted((v["template"], v["runs_when"], bool(v["constants"].get("DEQUANT")))
+                 for v in man["kernels"].values() if v["op"] == "moe_experts")
+    assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False),  # (long prefills: the DEQUANT render)
+                   ("moe_nvfp4_prefill.py.j2", "T >= 4097", True),
+                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 4096", False)]
     # the gemv / cuBLAS choice: each gemv kernel runs for T <= its bound, the library call above it, and says why
     gemv = [v for name, v in man["kernels"].items() if name.startswith("gemv")]
     assert gemv and all(v["runs_when"] == "T <= 1" and v["choice"]["basis"] == "rule" for v in gemv)

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.ir.reference import REFS, expert_weights, swiglu_ref
 from beamc.spec import load_spec
 from conftest import assert_template_contract, run_interpreted_main
@@ -129,6 +129,14 @@ CASES = {
     "e7-k2-T40-block32-chunk64": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64)),
     "e7-k3-T7-pdl": (7, 64, 32, 3, 7, "dup", 0, dict(PDL=True)),
     "e7-k3-T40-native": (7, 64, 32, 3, 40, "sparse", 0, dict(NATIVE_FP4=True)),
+    # DEQUANT: the experts with rows dequantised into the scratch first (stage 5), the GEMMs on those tiles; experts
+    # with no row (sparse) are skipped and their poisoned scratch never read
+    "e7-k3-T40-sparse-dequant": (7, 64, 32, 3, 40, "sparse", 8, dict(DEQUANT=True)),
+    "e7-k3-T3-odd-shape-dequant": (7, 96, 48, 3, 3, "dup", 0, dict(DEQUANT=True, DQ_ROWS=32)),
+    "e5-k3-T7-bad-ids-dequant-pdl": (5, 64, 32, 3, 7, "bad", 0, dict(DEQUANT=True, PDL=True)),
+    # the down GEMM on parts of the row blocks (BLOCK_M2 < BLOCK_M: parts past an expert's rows exit)
+    "e7-k3-T40-dequant-down-parts": (7, 64, 32, 3, 40, "dup", 0, dict(DEQUANT=True, BLOCK_M=32, BLOCK_M2=16,
+                                                                      SORT_CHUNK=64)),
 }
 
 
@@ -163,7 +171,42 @@ def run_case(name: str, kdir: Path) -> dict:
     h_ref = h_rows_reference(x, safe, params)[rows[valid]]
     h_err = ((h - h_ref).norm() / h_ref.norm()).item()
     assert err < 1e-5 and h_err < 1e-5, (err, h_err)
+    if mod.DEQUANT:  # the dequantised gate_up weights: exactly the reference's, for every expert with a row
+        for e in range(E):
+            if views["count"][e] > 0:
+                assert torch.equal(views["wq"][e], expert_weights(params, "nvfp4", e, x.dtype)[0]), e
     return dict(rel_err=err, h_rel_err=h_err, blocks=int((views["blk_expert"] < E).sum()))
+
+
+# name: (E, H, I, top-k, T, dtype, tiles): DEQUANT against the in-loop dequantisation at the same tiles, bitwise
+DEQUANT_CASES = {
+    "same-bits-f32": (7, 128, 64, 3, 9, "f32", {}),
+    "same-bits-bf16-swap": (5, 256, 64, 2, 5, "bf16", dict(BLOCK_M=16, SORT_CHUNK=16, NUM_WARPS=4, SWAP=True,
+                                                            BLOCK_K=64)),
+}
+
+
+def run_dequant_case(name: str, kdir: Path) -> dict:
+    """DEQUANT (weights dequantised once into the scratch, then the GEMMs) gives the bits of the in-loop
+    dequantisation at the same tiles: the same tile values, the same dots."""
+    E, H, I, k, T, dtype, tiles = DEQUANT_CASES[name]
+    tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    params = nvfp4_experts(E, H, I, g)
+    x = torch.randn(T, H, generator=g).to(tdt)
+    idx = routing("dup", T, E, k, g)
+    ys = []
+    for dq in (False, True):
+        mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", prefill_constants(E, H, I, k, dtype, DEQUANT=dq,
+                                                                                **tiles)), kdir)
+        assert mod.DEQUANT == dq and (mod.SWAP, mod.BLOCK_M) == (tiles.get("SWAP", True), tiles.get("BLOCK_M", 16))
+        y = torch.full((T, k, H), float("nan"), dtype=tdt)
+        mod.launch(x, idx, *params, y, torch.full((mod.scratch_numel(T),), float("nan"), dtype=tdt))
+        ys.append(y)
+    ints = torch.int32 if dtype == "f32" else torch.int16
+    assert torch.isfinite(ys[0]).all() and torch.equal(ys[0].view(ints), ys[1].view(ints)), \
+        (ys[0].float() - ys[1].float()).abs().max().item()
+    return dict(pairs=T * k)
 
 
 def run_bf16_case(kdir: Path) -> dict:
@@ -190,6 +233,8 @@ RELAID_CASES = {
     "relaid-odd-f32": (5, 512, 96, 3, 2, "f32", dict(BLOCK_N2=256)),  # (fewer, wider programs: the interpreter's time)
     "relaid-tiny-bf16": (16, 256, 64, 4, 3, "bf16", {}),
     "relaid-tp8-steps-bf16": (5, 1024, 64, 2, 4, "bf16", {}),
+    "relaid-tiny-f32-dequant": (16, 256, 64, 4, 2, "f32", dict(DEQUANT=True)),
+    "relaid-tp8-steps-bf16-dequant": (5, 1024, 64, 2, 4, "bf16", dict(DEQUANT=True)),
 }
 
 
@@ -253,6 +298,11 @@ def _interpreted_main(out: str) -> None:
             results[name] = dict(ok=True, **run_relaid_case(name, kdir))
         except Exception:  # noqa: BLE001
             results[name] = dict(ok=False, error=traceback.format_exc())
+    for name in DEQUANT_CASES:
+        try:
+            results[name] = dict(ok=True, **run_dequant_case(name, kdir))
+        except Exception:  # noqa: BLE001
+            results[name] = dict(ok=False, error=traceback.format_exc())
     try:  # the NATIVE_FP4 path reads ModelOpt bytes only: re-laid-out weights are refused before any launch
         c = prefill_constants(7, 128, 32, 2, NATIVE_FP4=True)
         mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
@@ -287,7 +337,7 @@ def test_interpreted_fp32_matches_reference(case, interpreted):
     assert r["ok"], f"{case}:\n{r.get('error')}"
 
 
-@pytest.mark.parametrize("case", list(RELAID_CASES) + ["native-refuses-relaid"])
+@pytest.mark.parametrize("case", list(RELAID_CASES) + list(DEQUANT_CASES) + ["native-refuses-relaid"])
 def test_interpreted_relaid_weights_give_the_same_bits(case, interpreted):
     r = interpreted[case]
     assert r["ok"], f"{case}:\n{r.get('error')}"
@@ -316,6 +366,9 @@ VARIANTS = {
     # check only, without SWAP: tcgen05 reads no register operand, and Triton 3.9 rejects this form with it)
     "full-tp8-relaid@100": (_full, dict(RELAID=True, SWAP=False), 100),
     "tiny-tp1-relaid@90": (_tiny, dict(RELAID=True), 90),
+    # the DEQUANT render (long prefills on sm90): each of its binaries (OPTION: the index in LAUNCH_OPTIONS: 0 the
+    # sort, 1 the gate_up GEMM on dequantised tiles, 2 the down GEMM, 3 the dequantisation) on re-laid-out weights
+    **{f"full-tp8-dequant-relaid-o{i}@90": (_full, dict(DEQUANT=True, RELAID=True, OPTION=i), 90) for i in range(4)},
 }
 
 
@@ -335,14 +388,17 @@ def _compile(variant: str, directory: str) -> dict:
     constants, extra, arch = VARIANTS[variant]
     extra = dict(extra)
     relaid = extra.pop("RELAID", False)
+    option = extra.pop("OPTION", 0)
     c = dict(constants(), **extra)
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), directory)
     if relaid:  # what a launch with re-laid-out weights compiles
         assert mod.RELAYOUT_OK
         mod.SIGNATURE, mod.CONSTEXPRS = mod.SIGNATURE_RELAID, dict(mod.CONSTEXPRS, RELAID=True)
-    ck = aot_compile(mod, arch)
+    options = launch_options(mod)[option]
+    ck = aot_compile(mod, arch, options)
     ptx = ck.asm["ptx"]
-    return dict(arch=arch, native=bool(c.get("NATIVE_FP4")), relaid=relaid, pdl=mod.PDL, options=dict(mod.OPTIONS),
+    return dict(arch=arch, native=bool(c.get("NATIVE_FP4")), relaid=relaid, pdl=mod.PDL, options=options,
+                only=options.get("constexprs", {}).get("ONLY", -1), dequant=mod.DEQUANT,
                 cp16=len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx)),
                 local=_local_bytes(ck.asm["cubin"]),
                 num_warps=mod.NUM_WARPS, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
@@ -372,19 +428,25 @@ def test_bf16_aot_compiles(variant, compiled):
     on the dot_scaled path."""
     r = compiled[variant].result()
     assert r["target"] and r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
-    assert r["options"] == dict(num_warps=r["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
-                                launch_pdl=r["pdl"]) and r["launch_pdl"] == r["pdl"], r
+    opts = {k: v for k, v in r["options"].items() if k != "constexprs"}
+    assert opts == dict(num_warps=opts["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
+                        launch_pdl=r["pdl"]) and r["launch_pdl"] == r["pdl"], r
     check_pdl_ptx(r, r["pdl"], variant)
     if r["pdl"]:
         assert r["waits"] == 1 and r["loads_before_wait"] == [0], r
-    assert r["wgmma"] if r["arch"] == 90 else r["tcgen05"], r  # the GEMMs on tensor cores
-    assert r["cp_async"], r  # the K loops' loads pipelined
-    assert r["div_rn"] and not r["div_approx"], r  # silu's IEEE division
+    gemm = r["only"] in (-1, 3, 4) and not (r["dequant"] and r["only"] == -1)  # (DEQUANT's sort binary: no GEMM)
+    if gemm:
+        assert r["wgmma"] if r["arch"] == 90 else r["tcgen05"], r  # the GEMMs on tensor cores
+        assert r["cp_async"], r  # the K loops' loads pipelined
+    if r["only"] in (-1, 3) and gemm:
+        assert r["div_rn"] and not r["div_approx"], r  # silu's IEEE division
+    if r["only"] == 5:  # the dequantisation: no MMA, 16-byte stores of its tiles, no local memory
+        assert not r["wgmma"] and r["local"] in (0, None), r
     if r["native"]:
         assert r["e2m1_cvt"], r  # e2m1 converted on the dot_scaled path
     if variant.startswith("full"):
-        assert r["tiles"] == (64 if r["swap"] else 128, 0, 0), r  # (SWAP: BLOCK_M 64, 4 warps)
-    if r["relaid"]:  # the re-laid-out weights' loads as vectorised as the ModelOpt bytes'; no spills
+        assert r["tiles"] == (64 if r["swap"] else 128, 0, 0), r  # (SWAP: BLOCK_M 64, 4 warps; DEQUANT: 128)
+    if r["relaid"] and not r["dequant"]:  # the re-laid-out weights' loads as vectorised as the ModelOpt bytes'; no spills
         modelopt = compiled[variant.replace("-relaid", "")].result()
         # (48 vs 42 at TP 8 with Triton 3.9 since the part-of-a-chunk words load one column at a time, the form
         # Triton 3.6 compiles; the H200 decides which is faster)

@@ -209,6 +209,16 @@ def _linear_softcap(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 
 
 MOE_DECODE_MAX_TOKENS = 64  # moe_nvfp4_decode's range; more tokens take the grouped (sorted-by-expert) kernel
+# From this many tokens on (sm90), the grouped kernel's DEQUANT render: each expert's gate_up weights dequantised once
+# per step into bf16 scratch, then that GEMM on plain bf16 tiles. H200, 2026-12-01 (bench/results/
+# moe-prefill-2026-12-01-s7run2*.json, TP-8 shapes, re-laid-out weights, us, in-loop / DEQUANT): 2,048 tokens 1,246 /
+# 1,664, 4,096 2,190 / 2,217, 8,192 3,821 / 3,329, 16,384 7,189 / 5,352 (the dequantisation costs ~560 us whatever the
+# token count: every expert has rows)
+MOE_DEQUANT_MIN_TOKENS = 4097
+MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
+                      "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b} for t, a, b in
+                                  ((2048, 1246, 1664), (4096, 2190, 2217), (8192, 3821, 3329), (16384, 7189, 5352))],
+                      "source": "bench/results/moe-prefill-2026-12-01-s7run2-tokens.json, -s7run2-16k.json (H200)"}
 
 
 @emits("moe_experts")
@@ -216,7 +226,8 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     """NVFP4 experts, both phases: up to 64 tokens the W4A16 decode kernel (only the chosen experts' bytes read,
     one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by expert on
     the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
-    native block-scaled NVFP4 path). Dense (bf16) experts: the reference loop over experts."""
+    native block-scaled NVFP4 path); on sm90 from MOE_DEQUANT_MIN_TOKENS on, the same kernel's DEQUANT render (the
+    gate_up weights dequantised once per step). Dense (bf16) experts: the reference loop over experts."""
     fmt = node.attrs["format"]
     if fmt != "nvfp4":
         return [library(node, f"moe_experts_{fmt}", "the reference loop over experts (torch): generated MoE kernels "
@@ -224,11 +235,16 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     x, idx, gu_codes = node.inputs[:3]
     dims = dict(E=gu_codes.shape[0], H=last_dim(x), I=gu_codes.shape[1] // 2, TOP_K=idx.shape[1])
     large = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **({"NATIVE_FP4": True} if ctx.target == "sm100" else {}))
+    out = [large]
+    if ctx.moe_dequant and ctx.target == "sm90":  # (sm100's native NVFP4 MMAs read the packed weights as they are)
+        long = kernel(node, "moe_nvfp4_prefill", ctx, **dims, DEQUANT=True)
+        out = [dataclasses.replace(large, max_tokens=MOE_DEQUANT_MIN_TOKENS - 1, choice=MOE_DEQUANT_CHOICE),
+               dataclasses.replace(long, min_tokens=MOE_DEQUANT_MIN_TOKENS, choice=MOE_DEQUANT_CHOICE)]
     if dims["H"] % 128 or dims["I"] % 32:  # the decode kernel's K permutation needs chunks of >= 32 values
-        return [large]
+        return out
     small = kernel(node, "moe_nvfp4_decode", ctx, **dims)
     return [dataclasses.replace(small, max_tokens=MOE_DECODE_MAX_TOKENS),
-            dataclasses.replace(large, min_tokens=MOE_DECODE_MAX_TOKENS + 1)]
+            dataclasses.replace(out[0], min_tokens=MOE_DECODE_MAX_TOKENS + 1)] + out[1:]
 
 
 def attention_decode_tiles(window: int) -> dict:

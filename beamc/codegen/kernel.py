@@ -12,6 +12,7 @@ The contract every template renders (see any `templates/*.py.j2`):
 - `OPTIONS`: the compile options the launcher launches with (num_warps, enable_fp_fusion=False,
   enable_reflect_ftz=False, launch_pdl), which `aot_compile` uses too; a launcher that launches with other
   options as well (the router's one-warp selection) lists every set in `LAUNCH_OPTIONS` (`launch_options(mod)`);
+  a set may pin constants (key `constexprs`: a binary of its own, e.g. one stage of a multi-stage kernel);
 - `GRID`: the launch grid rule in words (it goes into the manifest).
 Kernels are compiled without FP contraction (`enable_fp_fusion=False`): an FMA would round differently from the
 reference's separate multiply and add.
@@ -106,7 +107,8 @@ def aot_compile(mod: ModuleType, arch: int, options: dict | None = None):
 
     # pointers 16-byte aligned (torch's allocations are): what lets the compiler vectorise loads, as at run time
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(mod.SIGNATURE.values()) if t.startswith("*")}
-    src = ASTSource(fn=mod.kernel, signature=mod.SIGNATURE, constexprs=mod.CONSTEXPRS, attrs=aligned)
-    # the launcher's own options: same warps (same reduction order), no FMA, no FTZ
+    # the launcher's own options: same warps (same reduction order), no FMA, no FTZ; constants an option set pins
     options = dict(mod.OPTIONS if options is None else options)
+    constexprs = dict(mod.CONSTEXPRS, **options.pop("constexprs", {}))
+    src = ASTSource(fn=mod.kernel, signature=mod.SIGNATURE, constexprs=constexprs, attrs=aligned)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

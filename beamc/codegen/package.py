@@ -62,6 +62,9 @@ class Package:
     # prefill kernel's re-laid-out path bitwise equal to the ModelOpt path at the TP-8 and odd shapes, and the full
     # TP-8 decode step 3.67 -> 3.38 ms (docs/perf-log.md); off (`--no-nvfp4-relayout`): the kernels read ModelOpt bytes
     nvfp4_relayout: bool = True
+    # long prefills (T >= emitters.MOE_DEQUANT_MIN_TOKENS) take the MoE render that dequantises the gate_up weights
+    # once per step into scratch (on by default since the H200 run of 2026-12-01; off: `--no-moe-dequant`)
+    moe_dequant: bool = True
 
     def nvfp4_relayouts(self) -> list[dict[str, Any]]:
         """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
@@ -147,6 +150,7 @@ class Package:
             "library_calls": {k: {**v, "ops": sorted(v["ops"])} for k, v in library.items()},
             "steps": {p: {"launches": len(st.launches), "scratch": _scratch(st)} for p, st in self.steps.items()},
             "nvfp4_relayout": self.nvfp4_relayout,
+            "moe_dequant": self.moe_dequant,
             "load_transforms": self.load_transforms(),
         }
 
@@ -234,16 +238,18 @@ def render_steps(pkg: Package) -> str:
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
-                    nvfp4_relayout: bool = True) -> Package:
+                    nvfp4_relayout: bool = True, moe_dequant: bool = True) -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
     and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
     `nvfp4_relayout`: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (on by default: see
-    `Package.nvfp4_relayout`); recorded in the manifest."""
+    `Package.nvfp4_relayout`); recorded in the manifest. `moe_dequant`: prefills of many tokens take the MoE render
+    that dequantises the gate_up weights once per step (`emitters.MOE_DEQUANT_MIN_TOKENS`); recorded likewise."""
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
     compiled = compile_spec(spec, tp=tp, ranks=[rank], passes=passes, phases=phases, dtype=dtype, logits="last")
-    ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl)
+    ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
+                  moe_dequant=moe_dequant)
     steps, kernels = {}, {}
     for phase in phases:
         g = compiled.graphs[phase][0]
@@ -261,4 +267,4 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     assert (TEMPLATES / "step.py.j2").exists()
     pools = [n.out.shape for n in steps[phases[0]].graph.leaves("state").values() if n.out.shape[0] == "P"]
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
-                   page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout)
+                   page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant)

@@ -18,6 +18,7 @@ class Context:
     target: str  # "sm90" | "sm100"
     dtype: str  # activation IR dtype (bf16 for real packages; f32 for CPU test instances)
     pdl: bool = True  # Programmatic Dependent Launch in every bf16 kernel (verified on the H200: same bits, faster)
+    moe_dequant: bool = True  # long prefills: the MoE gate_up weights dequantised once per step (`emitters`)
 
 
 if TYPE_CHECKING:

@@ -346,7 +346,8 @@ class Model:
         # package on disk is what this beamc generates from that spec (a stale package is refused)
         self.package = compile_package(self.spec, target=m["target"], tp=tp, rank=rank, passes=m["passes"],
                                        dtype="f32" if pdt == "f32" else None,
-                                       nvfp4_relayout=bool(m.get("nvfp4_relayout", False)))
+                                       nvfp4_relayout=bool(m.get("nvfp4_relayout", False)),
+                                       moe_dequant=bool(m.get("moe_dequant", False)))
         if render_steps(self.package) != (pkg / "step.py").read_text():
             raise BeamcError(str(pkg / "step.py"), "differs from what this beamc generates for the package's spec "
                              "and passes (a stale or edited package)", "recompile the package")

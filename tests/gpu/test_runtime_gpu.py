@@ -74,6 +74,25 @@ def test_fp32_compiled_equals_the_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_f3
     assert max(errs) < 1e-4
 
 
+def test_long_prefill_dequant_render_equals_the_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_f32, summary):
+    """A prefill of more than MOE_DEQUANT_MIN_TOKENS tokens (5 sequences, 5,000 tokens) takes the MoE kernel's
+    DEQUANT render (the gate_up experts dequantised once per step): fp32, equal to the interpreter (< 1e-4)."""
+    from beamc.codegen.emitters import MOE_DEQUANT_MIN_TOKENS
+
+    lens = (1000, 1000, 1000, 1000, 1000)
+    assert sum(lens) >= MOE_DEQUANT_MIN_TOKENS
+    m = _load(pkg_f32, tiny_ckpt_nvfp4, max_context=1024, max_prefill_tokens=8192)
+    ref = _ref(tiny_spec, tiny_ckpt_nvfp4, "f32", max_len=1024, max_chunk=8192)
+    launches = m.package.steps["prefill"].launches
+    assert any(ln.kernel is not None and ln.kernel.constants.get("DEQUANT") and ln.runs_for(sum(lens))
+               for _, ln in launches), "no DEQUANT render in the prefill step at this size"
+    seqs = [_ids(n, 50 + i) for i, n in enumerate(lens)]
+    errs = [rel_err(g, w) for g, w in zip(m.prefill(list(range(len(lens))), seqs),
+                                          [x[-1] for x in ref.prefill(list(enumerate(seqs)))])]
+    summary["long_prefill_dequant_f32_max_rel_err"] = max(errs)
+    assert max(errs) < 1e-4
+
+
 # Whole-model bf16 is compared statistically (a random-weight MoE is chaotic in bf16: one routing flip moves the
 # logits by 10%+). Measured on the H200 (2026-11-30, bench/results/2026-11-30-run3-runtime-gpu.json): mean |delta
 # logprob| 0.024 and greedy agreement 223 / 245 decisive tokens for compiled vs interpreter, both bf16; the
