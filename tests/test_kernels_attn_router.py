@@ -302,13 +302,15 @@ def test_qk_fp8_cache_interpreted(interpreted):
 
 # ---------------------------------------------------------------- moe_router
 ROUTER_CASES = [(spec, path, T) for spec in ("tiny", "odd") for path, Ts in (("small", (1, 5, 37)), ("large", (1, 70)))
-                for T in Ts]
+                for T in Ts] + [("odd-bk128", "large", 70)]  # (K steps of 128 over H 320: the masked last step)
 ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
 
 
 def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False) -> dict:
     c = router_constants(tiny, path, "f32") if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE="f32", PATH=path)
+    if spec_name == "odd-bk128":
+        c["BLOCK_K"] = 128
     if pdl:
         c["PDL"] = True
     if one_launch:
