@@ -54,6 +54,7 @@ VARIANTS = (
     ("moe_nvfp4_prefill dequant relaid BLOCK_M2=128 SWAP2 warps2=8", dict(DEQUANT=True, BLOCK_M2=128, NUM_WARPS2=8),
      True),
     # the down GEMM's tiles in the DEQUANT render (its own binary): 128 columns of H per program, 32 values of I a step
+    # (H200 2026-12-01 run 8: all slower than 256 x 64: 3.06 / 3.75 / 4.50 ms vs 2.88)
     ("moe_nvfp4_prefill dequant relaid down BLOCK_N2=128", dict(DEQUANT=True, BLOCK_N2=128), True),
     ("moe_nvfp4_prefill dequant relaid down BLOCK_N2=128 BLOCK_K2=32", dict(DEQUANT=True, BLOCK_N2=128, BLOCK_K2=32),
      True),

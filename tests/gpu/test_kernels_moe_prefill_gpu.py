@@ -164,19 +164,17 @@ def test_native_fp4_path(shape, M, tmp_path_factory):
         raise
 
 
-def test_cuda_graph_replay(tmp_path_factory):
-    """Captured once with fixed buffers (x, idx, y, scratch), replayed with new x and idx copied in (a different
-    routing: other experts, other block counts): the same bits as a direct launch."""
-    mod = _module("tp8", tmp_path_factory)
-    params = _weights("tp8")
-    M = 1000
-    g = torch.Generator().manual_seed(7)
+def _replays_equal_direct_launches(mod, params, M: int, seed: int, runs, check_ref: bool) -> None:
+    """Captured once with fixed buffers (x, idx, y, scratch), replayed with new x and idx copied in for each (seed,
+    routing) of `runs` (other experts, other block counts): the same bits as a direct launch (and, with check_ref,
+    the fp32 reference to < 1e-2)."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
     idx = _routing("distinct", M, mod.E, mod.TOP_K, g)
     y = torch.empty(M, mod.TOP_K, mod.H, dtype=torch.bfloat16, device="cuda")
     scratch = torch.empty(mod.scratch_numel(M), dtype=torch.bfloat16, device="cuda")
     graph = captured_graph(lambda: mod.launch(x, idx, *params, y, scratch))  # compiled and warmed up outside it
-    for seed, kind in ((8, "distinct"), (9, "few"), (10, "one")):
+    for seed, kind in runs:
         g = torch.Generator().manual_seed(seed)
         x.copy_(torch.randn(M, mod.H, generator=g).bfloat16())
         idx.copy_(_routing(kind, M, mod.E, mod.TOP_K, g))
@@ -184,12 +182,19 @@ def test_cuda_graph_replay(tmp_path_factory):
         graph.replay()
         torch.cuda.synchronize()
         direct = torch.full_like(y, float("nan"))
-        mod.launch(x, idx, *params, direct, torch.empty_like(scratch))
+        mod.launch(x, idx, *params, direct, torch.full_like(scratch, float("nan")))
         torch.cuda.synchronize()
         assert torch.equal(y, direct), kind
-        ref = REFS["moe_experts"]([x.float(), idx, *params], {"format": "nvfp4"})[0]
-        assert _rel(y, ref) < 1e-2, kind
-    SUMMARY["moe_nvfp4_prefill"].append(dict(cuda_graph_replay="bitwise equal to direct launches", M=M))
+        if check_ref:
+            ref = REFS["moe_experts"]([x.float(), idx, *params], {"format": "nvfp4"})[0]
+            assert _rel(y, ref) < 1e-2, kind
+
+
+def test_cuda_graph_replay(tmp_path_factory):
+    """Graph replays with new inputs: the same bits as direct launches, and the fp32 reference (< 1e-2)."""
+    _replays_equal_direct_launches(_module("tp8", tmp_path_factory), _weights("tp8"), 1000, 7,
+                                   ((8, "distinct"), (9, "few"), (10, "one")), check_ref=True)
+    SUMMARY["moe_nvfp4_prefill"].append(dict(cuda_graph_replay="bitwise equal to direct launches", M=1000))
 
 
 @pytest.mark.parametrize("shape,M,kind", [("tp8", 1000, "distinct"), ("tp8", 333, "few"),
@@ -249,24 +254,6 @@ def test_dequant_render(shape, M, kind, tmp_path_factory):
 
 def test_dequant_cuda_graph_replay(tmp_path_factory):
     """The DEQUANT render captured once and replayed with new x and idx: the same bits as direct launches."""
-    mod = _module("tp8", tmp_path_factory, DEQUANT=True)
-    params = _relaid("tp8", tmp_path_factory)
-    M = 4096
-    g = torch.Generator().manual_seed(17)
-    x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
-    idx = _routing("distinct", M, mod.E, mod.TOP_K, g)
-    y = torch.empty(M, mod.TOP_K, mod.H, dtype=torch.bfloat16, device="cuda")
-    scratch = torch.empty(mod.scratch_numel(M), dtype=torch.bfloat16, device="cuda")
-    graph = captured_graph(lambda: mod.launch(x, idx, *params, y, scratch))
-    for seed, kind in ((18, "distinct"), (19, "few")):
-        g = torch.Generator().manual_seed(seed)
-        x.copy_(torch.randn(M, mod.H, generator=g).bfloat16())
-        idx.copy_(_routing(kind, M, mod.E, mod.TOP_K, g))
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        direct = torch.full_like(y, float("nan"))
-        mod.launch(x, idx, *params, direct, torch.full_like(scratch, float("nan")))
-        torch.cuda.synchronize()
-        assert torch.equal(y, direct), kind
-    SUMMARY["moe_nvfp4_prefill"].append(dict(dequant_cuda_graph_replay="bitwise equal to direct launches", M=M))
+    _replays_equal_direct_launches(_module("tp8", tmp_path_factory, DEQUANT=True), _relaid("tp8", tmp_path_factory),
+                                   4096, 17, ((18, "distinct"), (19, "few")), check_ref=False)
+    SUMMARY["moe_nvfp4_prefill"].append(dict(dequant_cuda_graph_replay="bitwise equal to direct launches", M=4096))
