@@ -255,7 +255,11 @@ def bench_cases(graph_time, copy_bw: float | None = None) -> list[dict]:
 SWEEP = ({}, dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4), dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=2),
          dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=4), dict(BLOCK_M=64, BLOCK_N=256, NUM_WARPS=4,
                                                                            NUM_STAGES=2),
-         dict(BLOCK_N=128, NUM_STAGES=2), dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=2))
+         dict(BLOCK_N=128, NUM_STAGES=2), dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=2),
+         # MIRROR (fp8 full layers only: the step's K/V converted once into a bf16 mirror, then read as bf16; the
+         # same bits as without it at the same tiles): the fp8 default's tiles and the bf16 cache's best
+         dict(MIRROR=True), dict(MIRROR=True, BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, NUM_STAGES=2),
+         dict(MIRROR=True, BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, NUM_STAGES=3))
 
 
 def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 100_000, device="cuda") -> list[dict]:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.ir.reference import REFS, attention_ref, kv_store
 from conftest import assert_template_contract, interpret_cases, run_interpreted_main
 from test_kernels_attn_router import check_pdl_ptx, pdl_facts
@@ -132,6 +132,18 @@ CASES = {
     "ring-w5-gate": (constants(4, 2, 16, 5, None, "f32", "f32", GATE=True, **SMALL), RAGGED, False),
     "paged4-full-fp8-gate": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", GATE=True, **SMALL),
                              [(1, 45, 11), (0, 0, 9), (2, 7, 1)], True),
+    # MIRROR (fp8 pages converted once into a mirror, then read linearly): the same bits as without it, with room
+    # for every slot, and with room for the first slot only (the others read from the pool: 3 + 14 pages > 16)
+    "paged4-full-fp8-mirror": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=64, **SMALL),
+                               [(1, 45, 11), (0, 0, 9), (2, 7, 1)], False),
+    "paged4-full-fp8-mirror-short": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=16,
+                                               **SMALL), [(1, 45, 11), (0, 0, 9), (2, 7, 1)], False),
+    "paged4-full-fp8-mirror-gate-pdl": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=64,
+                                                  GATE=True, PDL=True, **SMALL), [(1, 45, 11), (0, 0, 9), (2, 7, 1)],
+                                        True),
+    # 3 KV heads: a page of 4 x 3 x 16 = 192 values (the copy's tile is the next power of 2, masked)
+    "paged4-full-fp8-mirror-hkv3": (constants(6, 3, 16, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=64, **SMALL),
+                                    [(1, 45, 11), (0, 0, 9), (2, 7, 1)], True),
 }
 
 
@@ -148,12 +160,22 @@ def check_case(name: str, directory: Path) -> dict:
         gate = [torch.randn(T, (hq + 1) * d, generator=gen)[:, :hq * d].view(T, hq, d),
                 torch.randn(hq, 1, generator=gen)]
     out = torch.full_like(ins[0], float("nan"))
-    mod.launch(*ins, *gate, out)
+    scratch = torch.full((mod.scratch_numel(len(ins[0])),), float("nan"))  # (MIRROR: the mirrors poisoned)
+    mod.launch(*ins, *gate, out, scratch)
     want = reference(c, ins)
     if gated:
         want = REFS["sigmoid_gate"]([want, *gate], {})[0]
     assert not want.isnan().any()
-    return dict(err=float("inf") if out.isnan().any() else rel_err(out, want), tiles=-(-len(ins[0]) // mod.BLOCK_T))
+    facts = dict(err=float("inf") if out.isnan().any() else rel_err(out, want), tiles=-(-len(ins[0]) // mod.BLOCK_T))
+    if mod.MIRROR:  # the same bits as the render without MIRROR; which slots the plan mirrored
+        plain = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention",
+                                       {k: v for k, v in c.items() if k not in ("MIRROR", "MIRROR_PAGES")}), directory)
+        base = torch.full_like(out, float("nan"))
+        plain.launch(*ins, *gate, base)
+        assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (out - base).abs().max()
+        facts["mirrored_slots"] = int((scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[:4] >= 0).sum())
+        assert facts["mirrored_slots"] == (3 if c["MIRROR_PAGES"] >= 19 else 1), facts
+    return facts
 
 
 def _interpreted_main(out: str) -> None:
@@ -201,21 +223,28 @@ def _jobs() -> list[tuple[str, dict, int]]:
                 ("full-tp8,full,f8e4m3", spec_constants(full, 8, "full", "f8e4m3", page=16)),
                 ("tiny,full", spec_constants(tiny, 1, "full", page=4)),
                 ("full-tp8,full,f8e4m3,gate", dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True))]
-    return [(label, c, arch) for label, c in variants for arch in (90, 100)]
+    # the MIRROR render (sm_90a): its three binaries (_OPTION: the index in LAUNCH_OPTIONS: the attention, the plan,
+    # the copy)
+    mirror = [(f"full-tp8,full,f8e4m3,gate,mirror,o{i}", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
+                                                              GATE=True, MIRROR=True, _OPTION=i), 90) for i in range(3)]
+    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror
 
 
 def _compile(args) -> dict:
     """One AOT compile in a worker process (interpreter off)."""
     label, c, arch, directory = args
     os.environ.pop("TRITON_INTERPRET", None)
+    c = dict(c)
+    option = c.pop("_OPTION", 0)
     mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if c.get("GATE") else "attention", c), directory)
-    ck = aot_compile(mod, arch)
+    options = launch_options(mod)[option]
+    ck = aot_compile(mod, arch, options)
     ptx = ck.asm["ptx"]
     return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 mma=bool(re.search(r"\b(wgmma|mma|tcgen05\.mma)\b", ptx)), target=f".target sm_{arch}a" in ptx,
                 div_rn="div.rn.f32" in ptx, div_approx=bool(re.search(r"div\.(full|approx)", ptx)),
-                pdl=c.get("PDL", True), launch_pdl=bool(ck.metadata.launch_pdl), options=dict(mod.OPTIONS),
-                num_warps=mod.NUM_WARPS, **pdl_facts(ptx))
+                pdl=c.get("PDL", True), launch_pdl=bool(ck.metadata.launch_pdl), options=options,
+                stage=options.get("constexprs", {}).get("ONLY", 2), **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
@@ -228,15 +257,17 @@ def test_aot_compile_every_variant(tmp_path):
         results = list(pool.map(_compile, jobs))
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
-        assert r["mma"], f"{r['label']}: no tensor-core MMA"
-        assert r["div_rn"] and not r["div_approx"], r  # the normalisation: IEEE reciprocals, no approximate division
-        opts = {k: v for k, v in r["options"].items() if k != "num_stages"}  # (num_stages only where not Triton's 3)
-        assert opts == dict(num_warps=r["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
+        if r["stage"] == 2:  # the attention (MIRROR's plan and copy stages: no MMA, no division)
+            assert r["mma"], f"{r['label']}: no tensor-core MMA"
+            assert r["div_rn"] and not r["div_approx"], r  # the normalisation: IEEE reciprocals, no approximate division
+        opts = {k: v for k, v in r["options"].items() if k not in ("num_stages", "constexprs")}  # (num_stages only
+        # where not Triton's 3)
+        assert opts == dict(num_warps=opts["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
                             launch_pdl=r["pdl"]) and r["options"].get("num_stages", 2) == 2, r
         assert r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, True, r["label"])
         assert r["waits"] == 1, r
-    assert len(results) == 10
+    assert len(results) == 13
 
 
 # ---------------------------------------------------------------- 3. the contract
@@ -251,6 +282,11 @@ def test_rendered_module_contract(paged, cache, tmp_path):
     assert inspect.signature(mod.launch).parameters["scratch"].default is None and mod.scratch_numel(1000) == 0
     assert_template_contract(mod)
     assert mod.G == 6 and mod.BLOCK_T == mod.BLOCK_M // 6 and mod.WINDOW == (0 if paged else 512)
+    if paged and cache == "f8e4m3":  # the MIRROR render: the same launcher arguments, scratch for the mirrors
+        mirror = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, MIRROR=True)), tmp_path)
+        assert list(inspect.signature(mirror.launch).parameters) == args and mirror.MIRROR and not mod.MIRROR
+        assert mirror.scratch_numel(1000) == 2 * 65536 * 16 * 128 + 2 * 4096 * 2
+        assert_template_contract(mirror)
 
 
 def test_pdl_off_render(tmp_path):

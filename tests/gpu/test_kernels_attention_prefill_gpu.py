@@ -163,3 +163,34 @@ def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, kdir):
     torch.cuda.synchronize()
     assert not fused.isnan().any() and torch.equal(fused, unfused), (kind, cache)
     SUMMARY.setdefault("gate", []).append(dict(kind=kind, cache=cache, tokens=T, bitwise=True))
+
+
+@pytest.mark.parametrize("case,pages,tiles", [
+    ("ragged", None, {}),  # room for every slot: all read from the mirror
+    ("long-100k+decode", 6300, {}),  # room for one 100K context only: the other slots read from the pool
+    ("ragged-shuffled", None, dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, NUM_STAGES=2)),  # the bf16 cache's tiles
+])
+def test_mirror_render_gives_the_same_bits(case, pages, tiles, kdir):
+    """MIRROR (the full layer's fp8 K/V converted once per launch into a bf16 mirror, then read without page lookups
+    or conversions; slots without room read from the pool): the same bits as the render without it at the same
+    tiles, and the fp32 reference to < 1e-2; outputs and the mirrors poisoned first."""
+    c = dict(_constants("full", "f8e4m3"), **tiles)
+    plain = _module(c, kdir)
+    mirror = _module(dict(c, MIRROR=True, **({"MIRROR_PAGES": pages} if pages else {})), kdir)
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=7, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
+    T = ins[0].shape[0]
+    want = torch.full_like(ins[0], float("nan"))
+    plain.launch(*ins, want)
+    got = torch.full_like(want, float("nan"))
+    scratch = torch.full((mirror.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mirror.launch(*ins, got, scratch)
+    torch.cuda.synchronize()
+    run = scratch[2 * mirror.MIRROR_NUMEL:].view(torch.int32)[:6]
+    err = _norm_rel(got, reference(c, ins, torch.float32))
+    line = dict(case=case, mirror_pages=mirror.MIRROR_PAGES, tiles=tiles, tokens=T,
+                mirrored_slots=int((run >= 0).sum()), bitwise=bool(torch.equal(got, want)), rel_err=err)
+    SUMMARY.setdefault("mirror", []).append(line)
+    print(f"attention_prefill MIRROR {case}: {line}")
+    assert line["bitwise"] and err < 1e-2, line
+    assert line["mirrored_slots"] == (1 if pages else len(seqs)), line
