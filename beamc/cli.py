@@ -94,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
                         "bf16 scratch (1.68 GB at TP 8) and run that GEMM on bf16 tiles (on by default: the MoE "
                         "experts 7.19 -> 5.35 ms per layer at 16,384 tokens on the H200); --no-moe-dequant: the "
                         "dequantisation stays in the GEMM's loop at every size")
+    c.add_argument("--attention-mirror", type=int, default=0, metavar="PAGES",
+                   help="full-attention prefill over an fp8 KV cache converts the step's K/V once into a bf16 "
+                        "mirror of PAGES pages per launch (2 x PAGES x page size x KV heads x head dim x 2 bytes of "
+                        "scratch) instead of converting every tile in the loop; sequences that do not fit read the "
+                        "cache as before; same bits. Off (0) by default until measured on the H200")
     c.set_defaults(fn=_cmd_compile)
 
     h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")

@@ -192,3 +192,27 @@ def test_every_op_has_an_emitter():
     from beamc.ir.ops import OPS
 
     assert sorted(o for o, d in OPS.items() if not d.leaf and o not in EMITTERS) == []
+
+
+def test_prefill_options_reach_the_kernels_and_the_manifest():
+    """--no-moe-dequant: no DEQUANT render, the in-loop kernel for every T >= 65; --attention-mirror PAGES: the
+    full-attention prefill kernels over an fp8 cache take MIRROR with that many pages (the sliding ones and the decode
+    ones do not); both recorded in the manifest, and a negative page count is one clear error."""
+    from beamc.spec import parse_spec
+
+    data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"
+    spec = parse_spec(data)
+    default = compile_package(spec, passes=ALL)
+    off = compile_package(spec, passes=ALL, moe_dequant=False, attention_mirror_pages=96)
+    for pkg, dequant, pages in ((default, True, 0), (off, False, 96)):
+        man = pkg.manifest()
+        assert man["moe_dequant"] is dequant and man["attention_mirror_pages"] == pages
+        ks = list(pkg.kernels.values())
+        assert any(k.constants.get("DEQUANT") for k in ks) is dequant
+        mirrors = [k for k in ks if k.constants.get("MIRROR")]
+        full_prefill = [k for k in ks if k.template == "attention_prefill" and k.constants["PAGED"]]
+        assert full_prefill and all(k.constants["CACHE_DTYPE"] == "f8e4m3" for k in full_prefill)
+        assert mirrors == (full_prefill if pages else []) and all(k.constants["MIRROR_PAGES"] == pages for k in mirrors)
+    with pytest.raises(BeamcError, match="attention-mirror"):
+        compile_package(spec, passes=ALL, attention_mirror_pages=-1)

@@ -266,6 +266,8 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     q, kc = node.inputs[:2]
     template = "attention_decode" if g.meta["phase"] == "decode" else "attention_prefill"
     tiles = attention_decode_tiles(a["window"] or 0) if template == "attention_decode" else {}
+    if template == "attention_prefill" and paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0:
+        tiles = dict(MIRROR=True, MIRROR_PAGES=ctx.attention_mirror_pages)  # (--attention-mirror PAGES)
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
                    WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
                    GATE=node.op == "attention_gate", **tiles)]

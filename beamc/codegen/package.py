@@ -65,6 +65,9 @@ class Package:
     # long prefills (T >= emitters.MOE_DEQUANT_MIN_TOKENS) take the MoE render that dequantises the gate_up weights
     # once per step into scratch (on by default since the H200 run of 2026-12-01; off: `--no-moe-dequant`)
     moe_dequant: bool = True
+    # > 0: full-attention prefill over fp8 caches converts the step's K/V once into a bf16 mirror of this many pages
+    # (`--attention-mirror PAGES`; off by default until measured)
+    attention_mirror_pages: int = 0
 
     def nvfp4_relayouts(self) -> list[dict[str, Any]]:
         """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
@@ -151,6 +154,7 @@ class Package:
             "steps": {p: {"launches": len(st.launches), "scratch": _scratch(st)} for p, st in self.steps.items()},
             "nvfp4_relayout": self.nvfp4_relayout,
             "moe_dequant": self.moe_dequant,
+            "attention_mirror_pages": self.attention_mirror_pages,
             "load_transforms": self.load_transforms(),
         }
 
@@ -238,18 +242,23 @@ def render_steps(pkg: Package) -> str:
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
-                    nvfp4_relayout: bool = True, moe_dequant: bool = True) -> Package:
+                    nvfp4_relayout: bool = True, moe_dequant: bool = True,
+                    attention_mirror_pages: int = 0) -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
     and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
     `nvfp4_relayout`: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (on by default: see
     `Package.nvfp4_relayout`); recorded in the manifest. `moe_dequant`: prefills of many tokens take the MoE render
-    that dequantises the gate_up weights once per step (`emitters.MOE_DEQUANT_MIN_TOKENS`); recorded likewise."""
+    that dequantises the gate_up weights once per step (`emitters.MOE_DEQUANT_MIN_TOKENS`); recorded likewise.
+    `attention_mirror_pages` > 0: full-attention prefill over fp8 caches through a bf16 mirror of that many pages
+    (attention_prefill's MIRROR); recorded likewise."""
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
     compiled = compile_spec(spec, tp=tp, ranks=[rank], passes=passes, phases=phases, dtype=dtype, logits="last")
+    if attention_mirror_pages < 0:
+        raise BeamcError("--attention-mirror", f"{attention_mirror_pages} pages", "give a page count >= 0 (0: off)")
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
-                  moe_dequant=moe_dequant)
+                  moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages)
     steps, kernels = {}, {}
     for phase in phases:
         g = compiled.graphs[phase][0]
@@ -267,4 +276,5 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     assert (TEMPLATES / "step.py.j2").exists()
     pools = [n.out.shape for n in steps[phases[0]].graph.leaves("state").values() if n.out.shape[0] == "P"]
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
-                   page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant)
+                   page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant,
+                   attention_mirror_pages=attention_mirror_pages)

@@ -347,7 +347,8 @@ class Model:
         self.package = compile_package(self.spec, target=m["target"], tp=tp, rank=rank, passes=m["passes"],
                                        dtype="f32" if pdt == "f32" else None,
                                        nvfp4_relayout=bool(m.get("nvfp4_relayout", False)),
-                                       moe_dequant=bool(m.get("moe_dequant", False)))
+                                       moe_dequant=bool(m.get("moe_dequant", False)),
+                                       attention_mirror_pages=int(m.get("attention_mirror_pages", 0)))
         if render_steps(self.package) != (pkg / "step.py").read_text():
             raise BeamcError(str(pkg / "step.py"), "differs from what this beamc generates for the package's spec "
                              "and passes (a stale or edited package)", "recompile the package")
