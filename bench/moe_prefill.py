@@ -118,15 +118,12 @@ def _baseline(x, idx, gu, dn, I: int, y):
 def _stage_us(mod, x, idx, params, y, scratch, reps: int = 3) -> list[float]:
     """µs of each of the kernel's five launches in a full `launch` (torch.profiler's device times of the launches'
     kernels, in launch order; median over `reps` launches)."""
-    from profile_step import device_kernels  # bench/profile_step.py
+    from profile_step import launch_medians  # bench/profile_step.py
 
-    ev = [e for e in device_kernels(lambda: mod.launch(x, idx, *params, y, scratch), x.device, reps)
-          if e.name == "kernel"]
     n = len(mod.grids(x.shape[0]))
-    assert len(ev) == n * reps, (len(ev), n * reps)
-    per = [[ev[r * n + s].time_range.elapsed_us() for r in range(reps)] for s in range(n)]
+    per = launch_medians(lambda: mod.launch(x, idx, *params, y, scratch), x.device, n, reps)
     order = getattr(mod, "STAGES", tuple(range(n)))
-    return {st: sorted(v)[len(v) // 2] for st, v in zip(order, per)}  # by stage id (5: DEQUANT's dequantisation)
+    return dict(zip(order, per))  # by stage id (5: DEQUANT's dequantisation)
 
 
 def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", tokens: int = TOKENS,

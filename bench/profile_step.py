@@ -161,6 +161,14 @@ def device_kernels(fn, device, reps: int = 3) -> list:
     return sorted(ev, key=lambda e: e.time_range.start)
 
 
+def launch_medians(fn, device, n: int, reps: int = 3, name: str = "kernel") -> list[float]:
+    """Median device us of each of the `n` launches (kernels named `name`, in launch order) that one call of `fn`
+    makes, over `reps` calls (torch.profiler; a multi-stage generated kernel's stages)."""
+    ev = [e for e in device_kernels(fn, device, reps) if e.name == name]
+    assert len(ev) == n * reps, (len(ev), n * reps)
+    return [sorted(ev[r * n + s].time_range.elapsed_us() for r in range(reps))[reps // 2] for s in range(n)]
+
+
 def profile_replay(fn, device, reps: int = 3) -> dict:
     """Kernels per call of `fn` (a CUDA-graph replay) under the profiler. (Their summed durations are not the
     step's time: a PDL kernel starts before its predecessor ends and waits inside, so the durations overlap.)"""

@@ -38,7 +38,7 @@ VARIANTS = (
 
 def main() -> int:
     import kernels
-    from profile_step import device_kernels
+    from profile_step import launch_medians
     from test_kernels_attn_router import router_constants
 
     args = sys.argv[1:]
@@ -64,9 +64,7 @@ def main() -> int:
             scratch = torch.empty(mod.scratch_numel(T), device="cuda")
             t = kernels.graph_time(lambda: mod.launch(x, W, bias, w, ids, scratch), 5)
             err = ((mod.logits(scratch, T).double() - exact).abs().max() / exact.abs().max()).item()
-            ev = [e for e in device_kernels(lambda: mod.launch(x, W, bias, w, ids, scratch), x.device, 3)
-                  if e.name == "kernel"]
-            stage = [sorted(ev[i].time_range.elapsed_us() for i in range(s, len(ev), 2))[1] for s in (0, 1)]
+            stage = launch_medians(lambda: mod.launch(x, W, bias, w, ids, scratch), x.device, 2)
             ids0 = ids.clone() if ids0 is None else ids0
             rec.update(us=t * 1e6, stage_us=stage, logits_rel_err=err,
                        ids_equal_to_default=(ids == ids0).all(dim=1).float().mean().item(),
