@@ -249,17 +249,16 @@ def bench_cases(graph_time, copy_bw: float | None = None) -> list[dict]:
     return out
 
 
-# tiles tried by `sweep` (render constants): the default is BLOCK_M 128, BLOCK_N 64, 8 warps, 3 stages
-# (the H200 run of 2026-12-01, full layer fp8 100K: BLOCK_M 64 / BLOCK_N 128 / 4 warps 24.0 ms, BLOCK_N 128 with 2
-# stages 24.5, the default 32.5; BLOCK_N 128 alone 27.7, 4 stages no better, BLOCK_M 64 / 4 warps alone 31.2)
-SWEEP = ({}, dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4), dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=2),
-         dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=4), dict(BLOCK_M=64, BLOCK_N=256, NUM_WARPS=4,
-                                                                           NUM_STAGES=2),
-         dict(BLOCK_N=128, NUM_STAGES=2), dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=2),
-         # MIRROR (fp8 full layers only: the step's K/V converted once into a bf16 mirror, then read as bf16; the
-         # same bits as without it at the same tiles): the fp8 default's tiles and the bf16 cache's best
-         dict(MIRROR=True), dict(MIRROR=True, BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, NUM_STAGES=2),
-         dict(MIRROR=True, BLOCK_M=128, BLOCK_N=64, NUM_WARPS=8, NUM_STAGES=3))
+# tiles tried by `sweep` (render constants). Without MIRROR the fp8 full layer's default is BLOCK_M 64, BLOCK_N 128,
+# 4 warps, 2 stages (H200 2026-12-01 s8run1, 100K: 23.3 ms; 64 / 256 38.9, 128 / 128 / 4 warps 29.6, 4 stages 23.9).
+# MIRROR (fp8 full layers only: the step's K/V converted once into a bf16 mirror, then read as bf16 with linear
+# addressing; the same bits as without it at the same BLOCK_N): its default is 128 / 64 / 8 warps / 3 stages (s8run1:
+# 14.8 ms against 17.5 at 128 / 128 / 8 / 2 and 29.0 at 64 / 128 / 4 / 2); the rest probe around it.
+SWEEP = ({}, dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=4),
+         dict(MIRROR=True), dict(MIRROR=True, NUM_STAGES=4), dict(MIRROR=True, NUM_STAGES=2),
+         dict(MIRROR=True, BLOCK_N=32), dict(MIRROR=True, BLOCK_M=64, NUM_WARPS=4),
+         dict(MIRROR=True, BLOCK_M=256, NUM_WARPS=8), dict(MIRROR=True, BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8,
+                                                             NUM_STAGES=2))
 
 
 def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 100_000, device="cuda") -> list[dict]:

@@ -46,7 +46,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from beamc.codegen.package import compile_package  # noqa: E402
-from beamc.ir.lower import LowerOptions  # noqa: E402
 from beamc.passes.manager import select_passes  # noqa: E402
 from beamc.spec import load_spec  # noqa: E402
 from beamc.spec.load import parse_spec  # noqa: E402
@@ -161,8 +160,9 @@ def add_common_args(ap: argparse.ArgumentParser, steps: int, reps: int) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nvfp4-relayout", action=argparse.BooleanOptionalAction, default=True,
                     help="compile with the NVFP4 relayout at load (the default; --no-nvfp4-relayout: ModelOpt bytes)")
-    ap.add_argument("--attention-mirror", action="store_true",
-                    help="compile with --attention-mirror (pages for --batch sequences of --context + --chunk)")
+    ap.add_argument("--attention-mirror", action=argparse.BooleanOptionalAction, default=True,
+                    help="compile with --attention-mirror auto (the default: pages for 8 sequences of the spec's "
+                         "max_position_embeddings, i.e. of --context + --chunk); --no-attention-mirror: off")
     ap.add_argument("--dry", action="store_true", help="the same code path on the tiny spec on a CPU (set "
                     "TRITON_INTERPRET=1): bf16 experts, TP 2, context 40, 2 x 4-token prefill, 2 decode steps")
 
@@ -211,12 +211,10 @@ def main(argv=None) -> dict:
     spec = bench_spec(Path(a.spec), a.context, max(a.chunk, a.steps + 4), a.experts)
     facts["spec"] = {"name": spec.name, "experts": spec.dtypes.experts,
                      "max_position_embeddings": spec.max_position_embeddings}
-    page = LowerOptions().page_size  # positions per page of the full layers' caches
-    mirror = a.batch * -(-(a.context + a.chunk) // page) if a.attention_mirror else 0
     package = compile_package(spec, tp=a.tp, rank=0, passes=select_passes("all"),
                               dtype="f32" if a.dry else None, nvfp4_relayout=a.nvfp4_relayout,
-                              attention_mirror_pages=mirror)
-    facts["attention_mirror_pages"] = mirror
+                              attention_mirror_pages=None if a.attention_mirror else 0)
+    facts["attention_mirror_pages"] = package.attention_mirror_pages
     tmp = tempfile.TemporaryDirectory(prefix="beam-full-")
     pkg = package.write(Path(tmp.name) / "pkg")
     facts["compile_s"] = round(time.perf_counter() - t0, 1)

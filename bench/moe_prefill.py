@@ -59,6 +59,22 @@ VARIANTS = (
     ("moe_nvfp4_prefill dequant relaid down BLOCK_N2=128 BLOCK_K2=32", dict(DEQUANT=True, BLOCK_N2=128, BLOCK_K2=32),
      True),
     ("moe_nvfp4_prefill dequant relaid down BLOCK_K2=32", dict(DEQUANT=True, BLOCK_K2=32), True),
+    # the down GEMM walking DOWN_NT column tiles in one flattened loop (the pipeline kept full across its tiles), on
+    # in-loop dequantised tiles or on down weights stage 5 dequantised too (DEQUANT_DOWN: its defaults are 128-row
+    # blocks, 8 warps, no SWAP2, every column tile in one loop). H200 2026-12-01 s8run5 (after the store fix), us of
+    # the down stage / all: DEQUANT 1,992 / 4,386; + DOWN_NT 4 / 20: 2,359 / 2,375; DEQUANT_DOWN at 64 rows SWAP2
+    # 2,141, + DOWN_NT 4 / 20 1,706 / 1,473; at 128 rows 8 warps DOWN_NT 4 1,319 (SWAP2) / 1,295; the DEQUANT_DOWN
+    # default 1,268 / 3,942
+    ("moe_nvfp4_prefill dequant relaid down_nt=4", dict(DEQUANT=True, DOWN_NT=4), True),
+    ("moe_nvfp4_prefill dequant relaid down_nt=20", dict(DEQUANT=True, DOWN_NT=20), True),
+    ("moe_nvfp4_prefill dequant_down relaid", dict(DEQUANT=True, DEQUANT_DOWN=True), True),
+    ("moe_nvfp4_prefill dequant_down relaid BLOCK_M2=64 swap2 warps2=4 down_nt=1",
+     dict(DEQUANT=True, DEQUANT_DOWN=True, BLOCK_M2=64, SWAP2=True, NUM_WARPS2=4, DOWN_NT=1), True),
+    ("moe_nvfp4_prefill dequant_down relaid BLOCK_M2=64 swap2 warps2=4 down_nt=20",
+     dict(DEQUANT=True, DEQUANT_DOWN=True, BLOCK_M2=64, SWAP2=True, NUM_WARPS2=4, DOWN_NT=20), True),
+    ("moe_nvfp4_prefill dequant_down relaid down_nt=4", dict(DEQUANT=True, DEQUANT_DOWN=True, DOWN_NT=4), True),
+    ("moe_nvfp4_prefill dequant_down relaid down_nt=4 swap2", dict(DEQUANT=True, DEQUANT_DOWN=True, DOWN_NT=4,
+                                                                   SWAP2=True), True),
 )
 
 
@@ -177,7 +193,8 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                        tiles=dict(BLOCK_M=mod.BLOCK_M, BLOCK_N=mod.BLOCK_N, BLOCK_K=mod.BLOCK_K,
                                   BLOCK_N2=mod.BLOCK_N2, BLOCK_K2=mod.BLOCK_K2, NUM_WARPS=mod.NUM_WARPS,
                                   NUM_STAGES=mod.NUM_STAGES, SWAP=mod.SWAP, DEQUANT=mod.DEQUANT, SWAP2=mod.SWAP2,
-                                  BLOCK_M2=mod.BLOCK_M2, NUM_WARPS2=mod.NUM_WARPS2),
+                                  BLOCK_M2=mod.BLOCK_M2, NUM_WARPS2=mod.NUM_WARPS2, DOWN_NT=mod.DOWN_NT,
+                                  DEQUANT_DOWN=mod.DEQUANT_DOWN),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec
             rec["stage_us"] = _stage_us(mod, x, idx, p, y, scratch)
@@ -193,6 +210,29 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
     return out
 
 
+def ncu_launches(tokens: int, extra: dict) -> None:
+    """The render (default: the model's at `tokens`, DEQUANT on re-laid-out weights) launched 3 times, nothing else
+    on the GPU between them, no graphs, no timing: for `ncu --kernel-name regex:^kernel$` (6 launches per call)."""
+    import tempfile
+
+    from test_kernels_moe import distinct_idx, moe_constants, nvfp4_experts
+
+    c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
+    E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
+    kdir = tempfile.mkdtemp(prefix="beamc_ncu_moe_prefill_")
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, DEQUANT=True, **extra)), kdir)
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", c), kdir)
+    params = decode.relayout(nvfp4_experts(E, H, I, torch.Generator().manual_seed(0), device="cuda"))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(tokens, H, generator=g).bfloat16().cuda()
+    idx = distinct_idx(tokens, E, k, g).cuda()
+    y = torch.empty(tokens, k, H, dtype=torch.bfloat16, device="cuda")
+    scratch = torch.empty(mod.scratch_numel(tokens), dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        mod.launch(x, idx, *params, y, scratch)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
     import argparse
     import json
@@ -202,8 +242,13 @@ if __name__ == "__main__":
     ap.add_argument("--only", default=None, help="comma-separated words: the variants whose label holds one "
                     "(and the default on re-laid-out weights)")
     ap.add_argument("--out", default=None, help="write the records here as moe-prefill-DATE.json")
+    ap.add_argument("--ncu", default=None, metavar="JSON", help="only launch this render (DEQUANT + these constants, "
+                    "e.g. '{}') 3 times at the first of --tokens, for ncu; no timing")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
+    if args.ncu is not None:
+        ncu_launches(int(args.tokens.split(",")[0]), json.loads(args.ncu))
+        sys.exit(0)
     import datetime
 
     from kernels import graph_time

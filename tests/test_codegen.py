@@ -42,11 +42,12 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     assert all(p == ["decode", "prefill"] for name, p in phases.items() if not name.startswith(decode_only))
     assert all(p == ["decode"] for name, p in phases.items() if name.startswith(("gemv", "attention_decode")))
     assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("attention_prefill"))
-    moe = sorted((v["template"], v["runs_when"], bool(v["constants"].get("DEQUANT")))
-                 for v in man["kernels"].values() if v["op"] == "moe_experts")
-    assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False),  # (long prefills: the DEQUANT render)
-                   ("moe_nvfp4_prefill.py.j2", "T >= 4097", True),
-                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 4096", False)]
+    moe = sorted((v["template"], v["runs_when"], bool(v["constants"].get("DEQUANT")),
+                  bool(v["constants"].get("DEQUANT_DOWN"))) for v in man["kernels"].values() if v["op"] == "moe_experts")
+    assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False, False),  # (long prefills: the DEQUANT renders)
+                   ("moe_nvfp4_prefill.py.j2", "T >= 16384", True, True),
+                   ("moe_nvfp4_prefill.py.j2", "T >= 4096 and T <= 16383", True, False),
+                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 4095", False, False)]
     # the gemv / cuBLAS choice: each gemv kernel runs for T <= its bound, the library call above it, and says why
     gemv = [v for name, v in man["kernels"].items() if name.startswith("gemv")]
     assert gemv and all(v["runs_when"] == "T <= 1" and v["choice"]["basis"] == "rule" for v in gemv)
@@ -197,7 +198,8 @@ def test_every_op_has_an_emitter():
 def test_prefill_options_reach_the_kernels_and_the_manifest():
     """--no-moe-dequant: no DEQUANT render, the in-loop kernel for every T >= 65; --attention-mirror PAGES: the
     full-attention prefill kernels over an fp8 cache take MIRROR with that many pages (the sliding ones and the decode
-    ones do not); both recorded in the manifest, and a negative page count is one clear error."""
+    ones do not); auto (the default): pages for 8 sequences of max_position_embeddings; 0: none; all recorded in the
+    manifest, and a negative page count is one clear error."""
     from beamc.spec import parse_spec
 
     data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
@@ -205,7 +207,9 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
     spec = parse_spec(data)
     default = compile_package(spec, passes=ALL)
     off = compile_package(spec, passes=ALL, moe_dequant=False, attention_mirror_pages=96)
-    for pkg, dequant, pages in ((default, True, 0), (off, False, 96)):
+    none = compile_package(spec, passes=ALL, attention_mirror_pages=0)
+    auto = 8 * -(-spec.max_position_embeddings // default.page_size)
+    for pkg, dequant, pages in ((default, True, auto), (off, False, 96), (none, True, 0)):
         man = pkg.manifest()
         assert man["moe_dequant"] is dequant and man["attention_mirror_pages"] == pages
         ks = list(pkg.kernels.values())
@@ -216,3 +220,12 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
         assert mirrors == (full_prefill if pages else []) and all(k.constants["MIRROR_PAGES"] == pages for k in mirrors)
     with pytest.raises(BeamcError, match="attention-mirror"):
         compile_package(spec, passes=ALL, attention_mirror_pages=-1)
+    # auto: at most MIRROR_AUTO_BYTES of mirror for long contexts; nothing for a bf16 cache (MIRROR is fp8's)
+    from beamc.codegen.package import MIRROR_AUTO_BYTES
+
+    data["max_position_embeddings"] = 1 << 22
+    long = compile_package(parse_spec(data), passes=ALL, phases=("prefill",))
+    per_page = 2 * long.page_size * spec.attention.num_kv_heads * spec.attention.head_dim * 2
+    assert 0 < long.attention_mirror_pages * per_page <= MIRROR_AUTO_BYTES < (long.attention_mirror_pages + 1) * per_page
+    data["dtypes"]["kv_cache"] = "bfloat16"
+    assert compile_package(parse_spec(data), passes=ALL, phases=("prefill",)).attention_mirror_pages == 0

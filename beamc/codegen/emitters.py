@@ -214,11 +214,19 @@ MOE_DECODE_MAX_TOKENS = 64  # moe_nvfp4_decode's range; more tokens take the gro
 # moe-prefill-2026-12-01-s7run2*.json, TP-8 shapes, re-laid-out weights, us, in-loop / DEQUANT): 2,048 tokens 1,246 /
 # 1,664, 4,096 2,190 / 2,217, 8,192 3,821 / 3,329, 16,384 7,189 / 5,352 (the dequantisation costs ~560 us whatever the
 # token count: every expert has rows)
-MOE_DEQUANT_MIN_TOKENS = 4097
+# Re-measured after the stores were vectorised (s8run5: bench/results/moe-prefill-2026-12-01-s8run5*.json): 2,048
+# 1,165 / 1,452, 4,096 2,026 / 1,855, 8,192 3,450 / 2,662, 16,384 6,446 / 4,386.
+MOE_DEQUANT_MIN_TOKENS = 4096
+# From this many tokens on, the DEQUANT_DOWN render: the down weights dequantised once per step as well (0.84 GB more
+# scratch at TP 8), the down GEMM on bf16 tiles over whole row blocks: 16,384 tokens 3,942 us against 4,386 (s8run5;
+# the one token count measured: below it the DEQUANT render)
+MOE_DEQUANT_DOWN_MIN_TOKENS = 16384
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
-                      "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b} for t, a, b in
-                                  ((2048, 1246, 1664), (4096, 2190, 2217), (8192, 3821, 3329), (16384, 7189, 5352))],
-                      "source": "bench/results/moe-prefill-2026-12-01-s7run2-tokens.json, -s7run2-16k.json (H200)"}
+                      "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
+                      "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}
+                                  for t, a, b, c in ((2048, 1165, 1452, None), (4096, 2026, 1855, None),
+                                                     (8192, 3450, 2662, None), (16384, 6446, 4386, 3942))],
+                      "source": "bench/results/moe-prefill-2026-12-01-s8run5-16k.json, -s8run5-tokens.txt (H200)"}
 
 
 @emits("moe_experts")
@@ -227,7 +235,8 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by expert on
     the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
     native block-scaled NVFP4 path); on sm90 from MOE_DEQUANT_MIN_TOKENS on, the same kernel's DEQUANT render (the
-    gate_up weights dequantised once per step). Dense (bf16) experts: the reference loop over experts."""
+    gate_up weights dequantised once per step), from MOE_DEQUANT_DOWN_MIN_TOKENS on with DEQUANT_DOWN (the down weights
+    too). Dense (bf16) experts: the reference loop over experts."""
     fmt = node.attrs["format"]
     if fmt != "nvfp4":
         return [library(node, f"moe_experts_{fmt}", "the reference loop over experts (torch): generated MoE kernels "
@@ -238,8 +247,11 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     out = [large]
     if ctx.moe_dequant and ctx.target == "sm90":  # (sm100's native NVFP4 MMAs read the packed weights as they are)
         long = kernel(node, "moe_nvfp4_prefill", ctx, **dims, DEQUANT=True)
+        longest = kernel(node, "moe_nvfp4_prefill", ctx, **dims, DEQUANT=True, DEQUANT_DOWN=True)
         out = [dataclasses.replace(large, max_tokens=MOE_DEQUANT_MIN_TOKENS - 1, choice=MOE_DEQUANT_CHOICE),
-               dataclasses.replace(long, min_tokens=MOE_DEQUANT_MIN_TOKENS, choice=MOE_DEQUANT_CHOICE)]
+               dataclasses.replace(long, min_tokens=MOE_DEQUANT_MIN_TOKENS, max_tokens=MOE_DEQUANT_DOWN_MIN_TOKENS - 1,
+                                   choice=MOE_DEQUANT_CHOICE),
+               dataclasses.replace(longest, min_tokens=MOE_DEQUANT_DOWN_MIN_TOKENS, choice=MOE_DEQUANT_CHOICE)]
     if dims["H"] % 128 or dims["I"] % 32:  # the decode kernel's K permutation needs chunks of >= 32 values
         return out
     small = kernel(node, "moe_nvfp4_decode", ctx, **dims)

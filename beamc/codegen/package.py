@@ -63,10 +63,11 @@ class Package:
     # TP-8 decode step 3.67 -> 3.38 ms (docs/perf-log.md); off (`--no-nvfp4-relayout`): the kernels read ModelOpt bytes
     nvfp4_relayout: bool = True
     # long prefills (T >= emitters.MOE_DEQUANT_MIN_TOKENS) take the MoE render that dequantises the gate_up weights
-    # once per step into scratch (on by default since the H200 run of 2026-12-01; off: `--no-moe-dequant`)
+    # once per step into scratch, from MOE_DEQUANT_DOWN_MIN_TOKENS the down weights too (on by default since the H200
+    # runs of 2026-12-01; off: `--no-moe-dequant`)
     moe_dequant: bool = True
     # > 0: full-attention prefill over fp8 caches converts the step's K/V once into a bf16 mirror of this many pages
-    # (`--attention-mirror PAGES`; off by default until measured)
+    # (`--attention-mirror PAGES|auto`; auto by default since the H200 run of 2026-12-01: `auto_mirror_pages`)
     attention_mirror_pages: int = 0
 
     def nvfp4_relayouts(self) -> list[dict[str, Any]]:
@@ -239,11 +240,31 @@ def render_steps(pkg: Package) -> str:
                   passes=pkg.passes, kernels=sorted(pkg.kernels), phases=phases, DTYPE="")
 
 
+# the bf16 mirror's scratch (K and V) that `auto_mirror_pages` allows at most: 512 MiB (at TP 8 it holds 8 sequences of
+# the full spec's 104,448 positions: 428 MB)
+MIRROR_AUTO_BYTES = 512 << 20
+MIRROR_AUTO_SEQUENCES = 8
+
+
+def auto_mirror_pages(spec: ModelSpec, graph) -> int:
+    """The default of `--attention-mirror` (auto): 0 without a paged fp8 cache (the option does nothing there);
+    else pages for MIRROR_AUTO_SEQUENCES sequences of the spec's max_position_embeddings, at most MIRROR_AUTO_BYTES
+    of mirror (H200 2026-12-01 s8run2: the full layer's prefill of 8 x 2,048 tokens over 100K 23.2 -> 14.7 ms, the
+    TP-8 prefill step 626 -> 542 ms; sequences without room read the cache as before, with the same bits)."""
+    pools = [n for n in graph.leaves("state").values() if n.out.shape[0] == "P" and n.out.dtype == "f8e4m3"]
+    if not pools:
+        return 0
+    _, page, hkv, dim = pools[0].out.shape
+    per_page = 2 * page * hkv * dim * 2  # K and V, bf16
+    want = MIRROR_AUTO_SEQUENCES * -(-spec.max_position_embeddings // page)
+    return max(1, min(want, MIRROR_AUTO_BYTES // per_page))
+
+
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
                     nvfp4_relayout: bool = True, moe_dequant: bool = True,
-                    attention_mirror_pages: int = 0) -> Package:
+                    attention_mirror_pages: int | None = None) -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
     and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
@@ -251,12 +272,15 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     `Package.nvfp4_relayout`); recorded in the manifest. `moe_dequant`: prefills of many tokens take the MoE render
     that dequantises the gate_up weights once per step (`emitters.MOE_DEQUANT_MIN_TOKENS`); recorded likewise.
     `attention_mirror_pages` > 0: full-attention prefill over fp8 caches through a bf16 mirror of that many pages
-    (attention_prefill's MIRROR); recorded likewise."""
+    (attention_prefill's MIRROR), 0: off, None (the default): `auto_mirror_pages`; recorded likewise."""
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
     compiled = compile_spec(spec, tp=tp, ranks=[rank], passes=passes, phases=phases, dtype=dtype, logits="last")
-    if attention_mirror_pages < 0:
-        raise BeamcError("--attention-mirror", f"{attention_mirror_pages} pages", "give a page count >= 0 (0: off)")
+    if attention_mirror_pages is not None and attention_mirror_pages < 0:
+        raise BeamcError("--attention-mirror", f"{attention_mirror_pages} pages",
+                         "give a page count >= 0 (0: off) or auto")
+    if attention_mirror_pages is None:
+        attention_mirror_pages = auto_mirror_pages(spec, compiled.graphs[phases[0]][0])
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
                   moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages)
     steps, kernels = {}, {}

@@ -74,22 +74,37 @@ def test_fp32_compiled_equals_the_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_f3
     assert max(errs) < 1e-4
 
 
-def test_long_prefill_dequant_render_equals_the_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_f32, summary):
-    """A prefill of more than MOE_DEQUANT_MIN_TOKENS tokens (5 sequences, 5,000 tokens) takes the MoE kernel's
-    DEQUANT render (the gate_up experts dequantised once per step): fp32, equal to the interpreter (< 1e-4)."""
-    from beamc.codegen.emitters import MOE_DEQUANT_MIN_TOKENS
+@pytest.mark.parametrize("lens,down", [((1000,) * 5, False), ((1024,) * 16, True), ((1024,) * 16, False)],
+                         ids=["dequant", "dequant-down", "dequant-16k"])
+def test_long_prefill_dequant_render_equals_the_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_f32, summary, lens, down,
+                                                            tmp_path_factory, monkeypatch):
+    """A prefill of MOE_DEQUANT_MIN_TOKENS tokens or more (5 sequences, 5,000 tokens) takes the MoE kernel's DEQUANT
+    render (the gate_up experts dequantised once per step); of MOE_DEQUANT_DOWN_MIN_TOKENS or more (16 x 1,024) its
+    DEQUANT_DOWN render (the down experts too); "dequant-16k": the same 16 x 1,024 through DEQUANT alone (the
+    threshold raised for this package), which tells the render's share from the size's: fp32, equal to the
+    interpreter (< 1e-4). (2026-12-01 s8run7: dequant 1.5e-6, dequant-down 2.3e-4, dequant-16k not yet run.)"""
+    import beamc.codegen.emitters as emitters
 
-    lens = (1000, 1000, 1000, 1000, 1000)
-    assert sum(lens) >= MOE_DEQUANT_MIN_TOKENS
-    m = _load(pkg_f32, tiny_ckpt_nvfp4, max_context=1024, max_prefill_tokens=8192)
-    ref = _ref(tiny_spec, tiny_ckpt_nvfp4, "f32", max_len=1024, max_chunk=8192)
+    T = sum(lens)
+    pkg = pkg_f32
+    if T >= emitters.MOE_DEQUANT_DOWN_MIN_TOKENS and not down:
+        from beamc.codegen.package import compile_package
+        from beamc.passes.manager import select_passes
+
+        monkeypatch.setattr(emitters, "MOE_DEQUANT_DOWN_MIN_TOKENS", T + 1)
+        pkg = tmp_path_factory.mktemp("pkg_f32_no_dequant_down")
+        compile_package(tiny_spec, passes=select_passes("all"), dtype="f32").write(pkg)
+    assert T >= emitters.MOE_DEQUANT_MIN_TOKENS and (T >= emitters.MOE_DEQUANT_DOWN_MIN_TOKENS) == down
+    m = _load(pkg, tiny_ckpt_nvfp4, max_batch=len(lens), max_context=1024, max_prefill_tokens=T)
+    ref = _ref(tiny_spec, tiny_ckpt_nvfp4, "f32", max_seqs=len(lens), max_len=1024, max_chunk=T)
     launches = m.package.steps["prefill"].launches
-    assert any(ln.kernel is not None and ln.kernel.constants.get("DEQUANT") and ln.runs_for(sum(lens))
-               for _, ln in launches), "no DEQUANT render in the prefill step at this size"
+    assert any(ln.kernel is not None and ln.kernel.constants.get("DEQUANT") and ln.runs_for(T)
+               and bool(ln.kernel.constants.get("DEQUANT_DOWN")) == down for _, ln in launches), \
+        "no DEQUANT render in the prefill step at this size"
     seqs = [_ids(n, 50 + i) for i, n in enumerate(lens)]
     errs = [rel_err(g, w) for g, w in zip(m.prefill(list(range(len(lens))), seqs),
                                           [x[-1] for x in ref.prefill(list(enumerate(seqs)))])]
-    summary["long_prefill_dequant_f32_max_rel_err"] = max(errs)
+    summary[f"long_prefill_{'dequant_down' if down else 'dequant'}_{T}_f32_rel_errs"] = errs
     assert max(errs) < 1e-4
 
 
@@ -211,10 +226,12 @@ def test_fp8_kv_cache(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary):
     assert r["greedy_agree"] >= 0.75 * r["greedy_decisive"], r
 
 
-def test_fp8_kv_cache_attention_mirror_gives_the_same_bits(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary):
+def test_fp8_kv_cache_attention_mirror(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary):
     """A package compiled with --attention-mirror (full-attention prefill through a bf16 mirror of the step's fp8 K/V;
-    20 pages: room for two sequences of the batch, the others read the cache) gives the same logits bit for bit as
-    the package without it: a ragged prefill, then decode steps (decode does not use the mirror)."""
+    20 pages: room for some sequences of the batch, the others read the cache) tracks the interpreter as the plain
+    fp8 package does (test_fp8_kv_cache's bounds). Its kernel gives the plain render's bits at equal tiles
+    (tests/gpu/test_kernels_attention_prefill_gpu.py); its default tiles differ (BLOCK_N 64 vs 128: another order of
+    the softmax sums), so whole-model logits are compared statistically; the distance to the plain package is recorded."""
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import select_passes
     from beamc.spec import parse_spec
@@ -222,17 +239,18 @@ def test_fp8_kv_cache_attention_mirror_gives_the_same_bits(tiny_spec, tiny_ckpt_
     data = tiny_spec.model_dump()
     data["dtypes"]["kv_cache"] = "fp8"
     fp8 = parse_spec(data)
-    outs = []
-    for pages in (0, 20):
-        d = tmp_path_factory.mktemp(f"pkg_mirror{pages}")
-        compile_package(fp8, passes=select_passes("all"), attention_mirror_pages=pages).write(d)
-        m = _load(d, tiny_ckpt_nvfp4, spec=fp8, kv_dtype="fp8")
-        seqs = [_ids(n, 500 + i) for i, n in enumerate((200, 37, 250, 5))]
-        got = [m.prefill(list(range(4)), seqs)]
-        for t in range(4):
-            got.append(m.decode(list(range(4)), _ids(4, 600 + t)))
-        outs.append(torch.stack([x.float().cpu() for x in got]))
-        del m
-        torch.cuda.empty_cache()
-    summary["attention_mirror_bitwise"] = bool(torch.equal(outs[0], outs[1]))
-    assert torch.equal(outs[0], outs[1])
+    seqs = [_ids(n, 500 + i) for i, n in enumerate((200, 37, 250, 5))]
+    d = tmp_path_factory.mktemp("pkg_mirror")
+    pkg = compile_package(fp8, passes=select_passes("all"), attention_mirror_pages=20)
+    assert any(k.constants.get("MIRROR") for k in pkg.kernels.values()), "no MIRROR render in the package"
+    pkg.write(d)
+    m = _load(d, tiny_ckpt_nvfp4, spec=fp8, kv_dtype="fp8", max_context=512, max_prefill_tokens=512)
+    r = _track(m, _ref(fp8, tiny_ckpt_nvfp4, "bf16", max_len=512, max_chunk=512), seqs, 16)  # (492 tokens a step)
+    del m
+    d = tmp_path_factory.mktemp("pkg_no_mirror")
+    compile_package(fp8, passes=select_passes("all"), attention_mirror_pages=0).write(d)
+    plain = _load(d, tiny_ckpt_nvfp4, spec=fp8, kv_dtype="fp8", max_context=512, max_prefill_tokens=512)
+    summary["attention_mirror"] = dict(r, without_mirror=_track(
+        plain, _ref(fp8, tiny_ckpt_nvfp4, "bf16", max_len=512, max_chunk=512), seqs, 16))
+    assert r["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB, summary["attention_mirror"]
+    assert r["greedy_agree"] >= 0.75 * r["greedy_decisive"], summary["attention_mirror"]
