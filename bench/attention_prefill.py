@@ -258,7 +258,10 @@ SWEEP = ({}, dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=4),
          dict(MIRROR=True), dict(MIRROR=True, NUM_STAGES=4), dict(MIRROR=True, NUM_STAGES=2),
          dict(MIRROR=True, BLOCK_N=32), dict(MIRROR=True, BLOCK_M=64, NUM_WARPS=4),
          dict(MIRROR=True, BLOCK_M=256, NUM_WARPS=8), dict(MIRROR=True, BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8,
-                                                             NUM_STAGES=2))
+                                                             NUM_STAGES=2),
+         # the model's form (attention_gate: the output gate in the epilogue, g a strided view of the packed QKV+gate
+         # output): in the s8run6 model profile the mirrored full layer took 20.3 ms against this sweep's 14.7
+         dict(MIRROR=True, GATE=True), dict(GATE=True))
 
 
 def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 100_000, device="cuda") -> list[dict]:
@@ -274,14 +277,25 @@ def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 10
     for extra in SWEEP:
         rec = {"kernel": f"prefill {kind} {cache} ctx{prior // 1000}K", "tiles": extra, "tokens": SEQS * CHUNK}
         try:
-            mod = load_kernel(KernelSpec("attention_prefill", "attention", dict(c, **extra)), kdir)
+            gate = extra.get("GATE", False)
+            mod = load_kernel(KernelSpec("attention_prefill", "attention_gate" if gate else "attention",
+                                         dict(c, **extra)), kdir)
             o = torch.full_like(ins[0], float("nan"))
-            t = graph_time(lambda: mod.launch(*ins, o), 3)
+            args = ins
+            if gate:  # g: the gate's heads of a [T, QKV + gate] row, as the packed projection leaves them
+                T, hq, d = ins[0].shape
+                packed = torch.randn(T, (hq + 2 * c["HKV"] + hq) * d, device=device, generator=gen,
+                                     dtype=ins[0].dtype)
+                g = packed[:, (hq + 2 * c["HKV"]) * d:].view(T, hq, d)
+                b = torch.randn(hq, 1, device=device, generator=gen, dtype=ins[0].dtype)
+                args = (*ins, g, b)
+            t = graph_time(lambda: mod.launch(*args, o), 3)
             assert not o.isnan().any(), "unwritten outputs"
-            if ref is None:
-                ref = o.clone()
-            err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
-            assert err < 1e-2, f"rel err vs the default tiles {err}"
+            err = None  # (a gated output is another function: its values are the GPU tests' to check)
+            if not gate:
+                ref = o.clone() if ref is None else ref
+                err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+                assert err < 1e-2, f"rel err vs the default tiles {err}"
             rec.update(us=t * 1e6, tflops=flops / t / 1e12, rel_err_vs_default=err,
                        block=[mod.BLOCK_M, mod.BLOCK_N, mod.NUM_WARPS, mod.NUM_STAGES])
         except Exception as e:  # noqa: BLE001 - reported, the sweep goes on
