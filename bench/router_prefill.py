@@ -33,6 +33,11 @@ VARIANTS = (
     ("T64 E256 w8", dict(BLOCK_T=64, BLOCK_E=256, NUM_WARPS=8)),
     ("T128 E256 w8 s2", dict(BLOCK_T=128, BLOCK_E=256, NUM_WARPS=8, LOGIT_STAGES=2)),
     ("T128 E128 K64 w8 s2", dict(BLOCK_T=128, BLOCK_E=128, BLOCK_K=64, NUM_WARPS=8, LOGIT_STAGES=2)),
+    # TF32X2 (bf16 x is exact in TF32: W split by hand, two TF32 MMAs a step instead of tf32x3's three; not yet
+    # measured): the default's tiles and the fastest other tiles
+    ("tf32x2", dict(TF32X2=True)),
+    ("T128 E128 K64 w8 s2 tf32x2", dict(BLOCK_T=128, BLOCK_E=128, BLOCK_K=64, NUM_WARPS=8, LOGIT_STAGES=2,
+                                        TF32X2=True)),
 )
 
 

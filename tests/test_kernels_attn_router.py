@@ -305,10 +305,16 @@ ROUTER_CASES = [(spec, path, T) for spec in ("tiny", "odd") for path, Ts in (("s
                 for T in Ts] + [("odd-bk128", "large", 70)]  # (K steps of 128 over H 320: the masked last step)
 ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
+# TF32X2 (large path, bf16 x; off by default): W split by hand into two TF32 parts, two MMAs a step
+ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
 
 
-def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False) -> dict:
-    c = router_constants(tiny, path, "f32") if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE="f32", PATH=path)
+def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False,
+                 tf32x2: bool = False) -> dict:
+    dtype = "bf16" if tf32x2 else "f32"  # (TF32X2 is the 16-bit-x render; the interpreter's dot is fp32 either way)
+    c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
+    if tf32x2:
+        c.update(TF32X2=True, PDL=False)
     if spec_name == "odd-bk128":
         c["BLOCK_K"] = 128
     if pdl:
@@ -318,6 +324,7 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     mod = load_interpreted("moe_router", c, kdir)
     g = torch.Generator().manual_seed(T)
     x = torch.randn(T, c["H"], generator=g)
+    x = x.bfloat16() if tf32x2 else x
     W = torch.randn(c["E"], c["H"], generator=g) * 0.05
     bias = torch.randn(c["E"], generator=g) * 0.02
     weights = torch.full((T, c["TOP_K"]), float("nan"))
@@ -328,13 +335,14 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
     assert int(mod.counters("cpu").abs().sum()) == 0, "the counter is not back at 0"
     assert mod.constexprs(T)["ONE_LAUNCH"] == (one_launch and T == 1)
+    assert mod.TF32X2 == tf32x2
 
     exact = (x.double() @ W.double().T)
     assert ((mod.logits(scratch, T) - exact).abs().max() / exact.abs().max()).item() < 1e-6
     attrs = dict(n_group=c["N_GROUP"], topk_group=c["TOPK_GROUP"], top_k=c["TOP_K"], renormalize=c["RENORMALIZE"],
                  eps=c["EPS"])
     w_ref, ids_ref = REFS["moe_router"]([x, W, bias], attrs)
-    ok = ~router_ties(F.linear(x, W), bias, c, 1e-6)
+    ok = ~router_ties(F.linear(x.float(), W), bias, c, 1e-6)
     assert ok.float().mean() > 0.9
     assert torch.equal(ids[ok], ids_ref[ok])
     assert ((weights[ok] - w_ref[ok]).abs() / w_ref[ok]).max().item() < 1e-6
@@ -350,6 +358,13 @@ def test_moe_router_matches_reference(spec_name, path, T, interpreted):
 def test_moe_router_one_launch_interpreted(spec_name, path, T, interpreted):
     """The one-launch option at T = 1 (the last program to finish selects; its counter back at 0) matches."""
     _check(interpreted, f"router[{spec_name}-{path}-{T}+one]")
+
+
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_TF32X2_CASES)
+def test_moe_router_tf32x2_render_interpreted(spec_name, path, T, interpreted):
+    """TF32X2 (bf16 x: W's tile split by hand into a TF32 head and the TF32-rounded rest, two MMAs a step): the
+    logits within 1e-6 of the exact product, the selection equal to the reference's away from near-ties."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+tf32x2]")
 
 
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_PDL_CASES)
@@ -449,6 +464,8 @@ def _interpreter_cases(tiny):
                 for a, b, t in ROUTER_PDL_CASES)
     yield from ((f"router[{a}-{b}-{t}+one]", lambda *x: check_router(*x, one_launch=True), (a, b, t))
                 for a, b, t in ROUTER_ONE_LAUNCH_CASES)
+    yield from ((f"router[{a}-{b}-{t}+tf32x2]", lambda *x: check_router(*x, tf32x2=True), (a, b, t))
+                for a, b, t in ROUTER_TF32X2_CASES)
 
 
 if __name__ == "__main__":
