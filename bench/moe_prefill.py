@@ -75,6 +75,13 @@ VARIANTS = (
     ("moe_nvfp4_prefill dequant_down relaid down_nt=4", dict(DEQUANT=True, DEQUANT_DOWN=True, DOWN_NT=4), True),
     ("moe_nvfp4_prefill dequant_down relaid down_nt=4 swap2", dict(DEQUANT=True, DEQUANT_DOWN=True, DOWN_NT=4,
                                                                    SWAP2=True), True),
+    # DEQUANT_DOWN's down GEMM at other tiles (not yet measured; its 1.27 ms is 339 TFLOP/s): 128 columns (128
+    # registers: two programs an SM where shared memory allows), K steps of 32, 3-deep pipelines
+    ("moe_nvfp4_prefill dequant_down relaid BLOCK_N2=128", dict(DEQUANT=True, DEQUANT_DOWN=True, BLOCK_N2=128), True),
+    ("moe_nvfp4_prefill dequant_down relaid BLOCK_N2=128 stages=3",
+     dict(DEQUANT=True, DEQUANT_DOWN=True, BLOCK_N2=128, NUM_STAGES=3), True),
+    ("moe_nvfp4_prefill dequant_down relaid BLOCK_K2=32", dict(DEQUANT=True, DEQUANT_DOWN=True, BLOCK_K2=32), True),
+    ("moe_nvfp4_prefill dequant_down relaid stages=3", dict(DEQUANT=True, DEQUANT_DOWN=True, NUM_STAGES=3), True),
 )
 
 
