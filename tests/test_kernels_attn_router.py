@@ -396,6 +396,9 @@ def _variants() -> list[tuple[str, str, dict]]:
             # T = 1: the small path's one launch (the last program to finish selects; an option, off by default)
             out.append((f"moe_router[{name},small,T1{tag}]", "moe_router",
                         {**router_constants(spec, "small"), **extra, "ONE_LAUNCH": True, "_T": 1}))
+        if name == "full-tp8":  # TF32X2 (an option, off by default): W split by hand, no cvt.rna
+            out.append((f"moe_router[{name},large,tf32x2]", "moe_router",
+                        {**router_constants(spec, "large"), "TF32X2": True}))
     return out
 
 
@@ -416,7 +419,8 @@ def _compile(args) -> dict:
                 mma=bool(re.search(r"\bw?mma", ptx)), fp8_cvt="cvt.rn.satfinite.e4m3x2.f32" in ptx,
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
                 router=template == "moe_router", router_path=constants.get("PATH"),
-                tf32_split=ptx.count("cvt.rna.tf32.f32"), pdl=constants.get("PDL", True), options=options,
+                tf32_split=ptx.count("cvt.rna.tf32.f32"), tf32x2=constants.get("TF32X2", False),
+                pdl=constants.get("PDL", True), options=options,
                 launch_pdl=bool(ck.metadata.launch_pdl), one_launch=T == 1,
                 atomic=bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)), fence="fence.acq_rel.gpu" in ptx,
                 **pdl_facts(ptx))
@@ -435,7 +439,7 @@ def test_aot_compile_every_variant(tmp_path):
         if r["router"] and r["router_path"] == "small":
             assert not r["mma"], f"{r['label']}: small-M fp32 router on tensor cores (TF32?)"
         if r["router"] and r["router_path"] == "large":  # 3xTF32: tensor cores, each operand split hi + lo
-            assert r["mma"] and r["tf32_split"] >= 2, r
+            assert r["mma"] and (r["tf32_split"] == 0 if r["tf32x2"] else r["tf32_split"] >= 2), r
         assert r["fp8_cvt"] == r["fp8"], r
         assert r["div_rn"] or not (r["router"] or r["fp8"]), r  # IEEE division: sigmoid, / scale
         want = dict(num_warps=r["options"]["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
@@ -448,8 +452,8 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (2 if r["router"] and not r["one_launch"] else 1), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 78
-    assert sum(r["pdl"] for r in results) == 52
+    assert len(results) == 2 * len(_variants()) == 80
+    assert sum(r["pdl"] for r in results) == 54
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
