@@ -109,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="full-attention prefill over an fp8 KV cache converts the step's K/V once into a bf16 "
                         "mirror of PAGES pages per launch (2 x PAGES x page size x KV heads x head dim x 2 bytes of "
                         "scratch) instead of converting every tile in the loop; sequences that do not fit read the "
-                        "cache as before (same values, same sums). auto (the default): pages for 8 sequences of "
+                        "cache as before (the same values; the mirrored pass's own tiles sum in another order). auto "
+                        "(the default): pages for 8 sequences of "
                         "max_position_embeddings, at most 512 MiB (the TP-8 prefill step 626 -> 542 ms on the H200); "
                         "0: off")
     c.set_defaults(fn=_cmd_compile)

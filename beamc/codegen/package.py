@@ -250,7 +250,8 @@ def auto_mirror_pages(spec: ModelSpec, graph) -> int:
     """The default of `--attention-mirror` (auto): 0 without a paged fp8 cache (the option does nothing there);
     else pages for MIRROR_AUTO_SEQUENCES sequences of the spec's max_position_embeddings, at most MIRROR_AUTO_BYTES
     of mirror (H200 2026-12-01 s8run2: the full layer's prefill of 8 x 2,048 tokens over 100K 23.2 -> 14.7 ms, the
-    TP-8 prefill step 626 -> 542 ms; sequences without room read the cache as before, with the same bits)."""
+    TP-8 prefill step 626 -> 542 ms; sequences without room read the cache as before; the mirrored pass has tiles of
+    its own, so its softmax sums run in another order than the plain render's)."""
     pools = [n for n in graph.leaves("state").values() if n.out.shape[0] == "P" and n.out.dtype == "f8e4m3"]
     if not pools:
         return 0
