@@ -112,6 +112,12 @@ def _run(mod, params, x, idx):
     return y
 
 
+def _worst_row(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Each output row's relative error against the reference's (a norm over all rows would hide a handful of wrong
+    rows: an edge of the sort or of a tile)."""
+    return (y.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)
+
+
 def _check(mod, shape: str, M: int, kind: str, label: str = "") -> dict:
     params = _weights(shape)
     g = torch.Generator().manual_seed(M + len(kind))
@@ -121,8 +127,7 @@ def _check(mod, shape: str, M: int, kind: str, label: str = "") -> dict:
     ref32 = REFS["moe_experts"]([x.float(), idx, *params], {"format": "nvfp4"})[0]
     ref16 = REFS["moe_experts"]([x, idx, *params], {"format": "nvfp4"})[0]
     err, err16 = _rel(y, ref32), _rel(y, ref16)
-    # the worst row as well: a norm over all rows would hide a handful of wrong rows (an edge of the sort or a tile)
-    row = ((y.float() - ref32).norm(dim=-1) / ref32.norm(dim=-1).clamp_min(1e-30)).max().item()
+    row = _worst_row(y, ref32).max().item()
     line = dict(shape=shape, M=M, routing=kind, variant=label or "default", pdl=mod.PDL, native=mod.NATIVE_FP4,
                 rel_err_fp32_ref=err, worst_row_rel_err=row, rel_err_bf16_ref=err16,
                 bf16_ref_vs_fp32_ref=_rel(ref16, ref32), bitwise_equal_bf16_ref=(y == ref16).float().mean().item())
@@ -260,11 +265,10 @@ def test_dequant_render(shape, M, kind, down, tmp_path_factory):
 
 def test_dequant_cuda_graph_replay(tmp_path_factory):
     """The DEQUANT render captured once and replayed with new x and idx: the same bits as direct launches."""
-    _replays_equal_direct_launches(_module("tp8", tmp_path_factory, DEQUANT=True), _relaid("tp8", tmp_path_factory),
-                                   4096, 17, ((18, "distinct"), (19, "few")), check_ref=False)
-    _replays_equal_direct_launches(_module("tp8", tmp_path_factory, DEQUANT=True, DEQUANT_DOWN=True),
-                                   _relaid("tp8", tmp_path_factory), 4096, 17, ((18, "distinct"), (19, "few")),
-                                   check_ref=False)
+    for down in (False, True):
+        _replays_equal_direct_launches(_module("tp8", tmp_path_factory, DEQUANT=True, DEQUANT_DOWN=down),
+                                       _relaid("tp8", tmp_path_factory), 4096, 17, ((18, "distinct"), (19, "few")),
+                                       check_ref=False)
     SUMMARY["moe_nvfp4_prefill"].append(dict(dequant_cuda_graph_replay="bitwise equal to direct launches", M=4096,
                                              renders=["DEQUANT", "DEQUANT + DEQUANT_DOWN"]))
 
@@ -283,17 +287,16 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     idx = _routing("distinct", M, E, k, g)
     ref = REFS["moe_experts"]([x, idx, *params], {"format": "nvfp4"})[0]
     line = dict(shape="tiny-f32", M=M)
+    dims = dict(DTYPE="f32", E=E, H=H, I=I, TOP_K=k)
+    relaid = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", dims), kdir).relayout(params)
     ys = {}
     for label, extra in (("dequant", {}), ("dequant-down", dict(DEQUANT_DOWN=True))):
-        mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(DTYPE="f32", E=E, H=H, I=I, TOP_K=k,
-                                                                   DEQUANT=True, **extra)), kdir)
-        decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", dict(DTYPE="f32", E=E, H=H, I=I,
-                                                                                TOP_K=k)), kdir)
+        mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(dims, DEQUANT=True, **extra)), kdir)
         y = torch.full((M, k, H), float("nan"), device="cuda")
         scratch = torch.full((mod.scratch_numel(M),), float("nan"), device="cuda")
-        mod.launch(x, idx, *decode.relayout(params), y, scratch)
+        mod.launch(x, idx, *relaid, y, scratch)
         torch.cuda.synchronize()
-        row = ((y - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30))
+        row = _worst_row(y, ref)
         line[f"{label}_worst_row_rel_err"] = row.max().item()
         line[f"{label}_rows_over_1e-5"] = int((row > 1e-5).sum())
         ys[label] = y

@@ -28,12 +28,13 @@ def _ids(n: int, seed: int, vocab: int = 512) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _package(spec, tmp_path_factory, dtype: str | None) -> Path:
+def _package(spec, tmp_path_factory, dtype: str | None, **options) -> Path:
+    """The spec's package with every pass (`options`: compile_package's, e.g. attention_mirror_pages), written."""
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import select_passes
 
     d = tmp_path_factory.mktemp(f"pkg_{dtype or 'bf16'}")
-    compile_package(spec, passes=select_passes("all"), dtype=dtype).write(d)
+    compile_package(spec, passes=select_passes("all"), dtype=dtype, **options).write(d)
     return d
 
 
@@ -88,12 +89,8 @@ def test_long_prefill_dequant_render_equals_the_interpreter(tiny_spec, tiny_ckpt
     T = sum(lens)
     pkg = pkg_f32
     if T >= emitters.MOE_DEQUANT_DOWN_MIN_TOKENS and not down:
-        from beamc.codegen.package import compile_package
-        from beamc.passes.manager import select_passes
-
         monkeypatch.setattr(emitters, "MOE_DEQUANT_DOWN_MIN_TOKENS", T + 1)
-        pkg = tmp_path_factory.mktemp("pkg_f32_no_dequant_down")
-        compile_package(tiny_spec, passes=select_passes("all"), dtype="f32").write(pkg)
+        pkg = _package(tiny_spec, tmp_path_factory, "f32")
     assert T >= emitters.MOE_DEQUANT_MIN_TOKENS and (T >= emitters.MOE_DEQUANT_DOWN_MIN_TOKENS) == down
     m = _load(pkg, tiny_ckpt_nvfp4, max_batch=len(lens), max_context=1024, max_prefill_tokens=T)
     ref = _ref(tiny_spec, tiny_ckpt_nvfp4, "f32", max_seqs=len(lens), max_len=1024, max_chunk=T)
@@ -232,24 +229,19 @@ def test_fp8_kv_cache_attention_mirror(tiny_spec, tiny_ckpt_nvfp4, tmp_path_fact
     fp8 package does (test_fp8_kv_cache's bounds). Its kernel gives the plain render's bits at equal tiles
     (tests/gpu/test_kernels_attention_prefill_gpu.py); its default tiles differ (BLOCK_N 64 vs 128: another order of
     the softmax sums), so whole-model logits are compared statistically; the distance to the plain package is recorded."""
-    from beamc.codegen.package import compile_package
-    from beamc.passes.manager import select_passes
     from beamc.spec import parse_spec
 
     data = tiny_spec.model_dump()
     data["dtypes"]["kv_cache"] = "fp8"
     fp8 = parse_spec(data)
     seqs = [_ids(n, 500 + i) for i, n in enumerate((200, 37, 250, 5))]
-    d = tmp_path_factory.mktemp("pkg_mirror")
-    pkg = compile_package(fp8, passes=select_passes("all"), attention_mirror_pages=20)
-    assert any(k.constants.get("MIRROR") for k in pkg.kernels.values()), "no MIRROR render in the package"
-    pkg.write(d)
+    d = _package(fp8, tmp_path_factory, None, attention_mirror_pages=20)
     m = _load(d, tiny_ckpt_nvfp4, spec=fp8, kv_dtype="fp8", max_context=512, max_prefill_tokens=512)
+    assert any(k.constants.get("MIRROR") for k in m.package.kernels.values()), "no MIRROR render in the package"
     r = _track(m, _ref(fp8, tiny_ckpt_nvfp4, "bf16", max_len=512, max_chunk=512), seqs, 16)  # (492 tokens a step)
     del m
-    d = tmp_path_factory.mktemp("pkg_no_mirror")
-    compile_package(fp8, passes=select_passes("all"), attention_mirror_pages=0).write(d)
-    plain = _load(d, tiny_ckpt_nvfp4, spec=fp8, kv_dtype="fp8", max_context=512, max_prefill_tokens=512)
+    plain = _load(_package(fp8, tmp_path_factory, None, attention_mirror_pages=0), tiny_ckpt_nvfp4, spec=fp8,
+                  kv_dtype="fp8", max_context=512, max_prefill_tokens=512)
     summary["attention_mirror"] = dict(r, without_mirror=_track(
         plain, _ref(fp8, tiny_ckpt_nvfp4, "bf16", max_len=512, max_chunk=512), seqs, 16))
     assert r["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB, summary["attention_mirror"]
