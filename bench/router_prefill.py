@@ -26,18 +26,17 @@ from beamc.spec import load_spec  # noqa: E402
 
 # (label, render constants): stage 0's tiles (BLOCK_T tokens x BLOCK_E experts, BLOCK_K, warps, pipeline depth)
 VARIANTS = (
-    ("default", {}),  # (64 x 128, 4 warps, 4 deep since 2026-12-01 run 5; the previous default: "T64 E64 s3")
-    ("T64 E64 s3", dict(BLOCK_E=64, LOGIT_STAGES=3)),
-    ("T128", dict(BLOCK_T=128)),
-    ("T128 E128 w8", dict(BLOCK_T=128, BLOCK_E=128, NUM_WARPS=8)),
-    ("T64 E256 w8", dict(BLOCK_T=64, BLOCK_E=256, NUM_WARPS=8)),
-    ("T128 E256 w8 s2", dict(BLOCK_T=128, BLOCK_E=256, NUM_WARPS=8, LOGIT_STAGES=2)),
-    ("T128 E128 K64 w8 s2", dict(BLOCK_T=128, BLOCK_E=128, BLOCK_K=64, NUM_WARPS=8, LOGIT_STAGES=2)),
-    # TF32X2 (bf16 x is exact in TF32: W split by hand, two TF32 MMAs a step instead of tf32x3's three; not yet
-    # measured): the default's tiles and the fastest other tiles
-    ("tf32x2", dict(TF32X2=True)),
-    ("T128 E128 K64 w8 s2 tf32x2", dict(BLOCK_T=128, BLOCK_E=128, BLOCK_K=64, NUM_WARPS=8, LOGIT_STAGES=2,
-                                        TF32X2=True)),
+    # the default since s9run3: TF32X2 (bf16 x is exact in TF32: W split by hand, two TF32 MMAs a step instead of
+    # tf32x3's three), 128 x 128 x K 64, 8 warps, 2 deep
+    ("default", {}),
+    ("tf32x2 T64 K32 w4 s4", dict(BLOCK_T=64, BLOCK_K=32, NUM_WARPS=4, LOGIT_STAGES=4)),
+    ("tf32x2 s3", dict(LOGIT_STAGES=3)),
+    ("tf32x2 T64 w4", dict(BLOCK_T=64, NUM_WARPS=4)),
+    ("tf32x2 E256", dict(BLOCK_E=256)),
+    # tf32x3 (the default before s9run3: 64 x 128 x K 32, 4 warps, 4 deep) and at TF32X2's tiles
+    ("tf32x3", dict(TF32X2=False)),
+    ("tf32x3 T128 E128 K64 w8 s2", dict(TF32X2=False, BLOCK_T=128, BLOCK_E=128, BLOCK_K=64, NUM_WARPS=8,
+                                        LOGIT_STAGES=2)),
 )
 
 

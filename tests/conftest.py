@@ -196,3 +196,29 @@ def captured_graph(fn, reps: int = 1) -> "torch.cuda.CUDAGraph":
         for _ in range(reps):
             fn()
     return graph
+
+
+class routing_margins:
+    """Within the block, every moe_select / moe_router the interpreter runs appends its per-token routing margin
+    (beamc.ir.reference.moe_select_margin) to `self.calls`; `per_row()` is the smallest over the calls, per token
+    row. Near-ties (margin ~1e-7) are where an fp32 kernel may legitimately route differently from the reference."""
+
+    def __enter__(self):
+        import torch.nn.functional as F
+        from beamc.ir import reference as R
+
+        self.calls, self._saved = [], {k: R.REFS[k] for k in ("moe_select", "moe_router")}
+        def select(logits, bias, a):
+            self.calls.append(R.moe_select_margin(logits, bias, a))
+            return R.moe_select_ref(logits, bias, a)
+        R.REFS["moe_select"] = lambda t, a: select(t[0], t[1], a)
+        R.REFS["moe_router"] = lambda t, a: select(F.linear(t[0].float(), t[1].float()), t[2], a)
+        return self
+
+    def __exit__(self, *exc):
+        from beamc.ir import reference as R
+
+        R.REFS.update(self._saved)
+
+    def per_row(self) -> torch.Tensor:
+        return torch.stack([c.cpu() for c in self.calls]).min(dim=0)[0]

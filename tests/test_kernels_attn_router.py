@@ -305,7 +305,7 @@ ROUTER_CASES = [(spec, path, T) for spec in ("tiny", "odd") for path, Ts in (("s
                 for T in Ts] + [("odd-bk128", "large", 70)]  # (K steps of 128 over H 320: the masked last step)
 ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
-# TF32X2 (large path, bf16 x; off by default): W split by hand into two TF32 parts, two MMAs a step
+# TF32X2 (large path, bf16 x; the default there): W split by hand into two TF32 parts, two MMAs a step
 ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
 
 
@@ -396,9 +396,9 @@ def _variants() -> list[tuple[str, str, dict]]:
             # T = 1: the small path's one launch (the last program to finish selects; an option, off by default)
             out.append((f"moe_router[{name},small,T1{tag}]", "moe_router",
                         {**router_constants(spec, "small"), **extra, "ONE_LAUNCH": True, "_T": 1}))
-        if name == "full-tp8":  # TF32X2 (an option, off by default): W split by hand, no cvt.rna
-            out.append((f"moe_router[{name},large,tf32x2]", "moe_router",
-                        {**router_constants(spec, "large"), "TF32X2": True}))
+        if name == "full-tp8":  # TF32X2=False (TF32X2, W split by hand, is the bf16 default): tf32x3, cvt.rna
+            out.append((f"moe_router[{name},large,tf32x3]", "moe_router",
+                        {**router_constants(spec, "large"), "TF32X2": False}))
     return out
 
 
@@ -419,7 +419,7 @@ def _compile(args) -> dict:
                 mma=bool(re.search(r"\bw?mma", ptx)), fp8_cvt="cvt.rn.satfinite.e4m3x2.f32" in ptx,
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
                 router=template == "moe_router", router_path=constants.get("PATH"),
-                tf32_split=ptx.count("cvt.rna.tf32.f32"), tf32x2=constants.get("TF32X2", False),
+                tf32_split=ptx.count("cvt.rna.tf32.f32"), tf32x2=bool(getattr(mod, "TF32X2", False)),
                 pdl=constants.get("PDL", True), options=options,
                 launch_pdl=bool(ck.metadata.launch_pdl), one_launch=T == 1,
                 atomic=bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)), fence="fence.acq_rel.gpu" in ptx,

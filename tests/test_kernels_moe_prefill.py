@@ -143,10 +143,10 @@ CASES = {
     "e7-k3-T3-odd-shape-down-nt2": (7, 96, 48, 3, 3, "dup", 0, dict(DOWN_NT=2)),
     "e7-k3-T40-dequant-down-nt2-parts": (7, 96, 32, 3, 40, "dup", 0, dict(DEQUANT=True, DEQUANT_DOWN=True, DOWN_NT=2,
                                                                           BLOCK_M=32, BLOCK_M2=16, SORT_CHUNK=64)),
-    # SCAN_PAR (off by default): stage 1 over expert columns in parallel, starts and the block map in stage 2
-    "e7-k3-T40-sparse-scan-par": (7, 64, 32, 3, 40, "sparse", 0, dict(SCAN_PAR=True)),
-    "e5-k3-T7-bad-ids-scan-par": (5, 64, 32, 3, 7, "bad", 0, dict(SCAN_PAR=True)),
-    "e7-k2-T40-block32-chunk64-scan-par": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64, SCAN_PAR=True)),
+    # SCAN_PAR=False (SCAN_PAR, stage 1 over expert columns in parallel, is the default): the one-program stage 1
+    "e7-k3-T40-sparse-scan-seq": (7, 64, 32, 3, 40, "sparse", 0, dict(SCAN_PAR=False)),
+    "e5-k3-T7-bad-ids-scan-seq": (5, 64, 32, 3, 7, "bad", 0, dict(SCAN_PAR=False)),
+    "e7-k2-T40-block32-chunk64-scan-seq": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64, SCAN_PAR=False)),
 }
 
 
@@ -387,8 +387,8 @@ VARIANTS = {
     # the DEQUANT_DOWN render (the longest prefills): its down GEMM (option 2) and its dequantisation (3)
     **{f"full-tp8-dequant-down-relaid-o{i}@90": (_full, dict(DEQUANT=True, DEQUANT_DOWN=True, RELAID=True, OPTION=i),
                                                  90) for i in (2, 3)},
-    # SCAN_PAR (off by default): the sort's binary
-    "full-tp8-dequant-scan-par-relaid-o0@90": (_full, dict(DEQUANT=True, SCAN_PAR=True, RELAID=True, OPTION=0), 90),
+    # SCAN_PAR=False (the one-program stage 1): the sort's binary
+    "full-tp8-dequant-scan-seq-relaid-o0@90": (_full, dict(DEQUANT=True, SCAN_PAR=False, RELAID=True, OPTION=0), 90),
 }
 
 

@@ -171,3 +171,12 @@ def test_compiled_blocks_trace_whole_and_share_one_compilation_per_kind(setup, t
     assert len(graphs) == 3
     assert torch.equal(out, ref)
     assert "decode" not in model.layers[0].__dict__
+
+
+def test_profile_counts_overlapping_pdl_kernels_once():
+    """bench/profile_step.py: a launch's device time is the union of its kernels' intervals (a PDL kernel that starts
+    early and waits is not counted twice); gaps between kernels are not counted."""
+    ps = _load_bench_module("profile_step")
+    assert ps.interval_union([(0.0, 10.0), (2.0, 12.0), (20.0, 25.0)]) == 17.0
+    assert ps.interval_union([(5.0, 6.0), (0.0, 10.0)]) == 10.0
+    assert ps.interval_union([]) == 0.0

@@ -296,6 +296,23 @@ def moe_select_ref(logits, bias, a) -> tuple[torch.Tensor, torch.Tensor]:
 REFS["moe_select"] = lambda t, a: moe_select_ref(t[0], t[1], a)
 
 
+def moe_select_margin(logits: torch.Tensor, bias: torch.Tensor, a) -> torch.Tensor:
+    """Per token, how far moe_select_ref's choice is from a tie: the smaller of the gap between the last chosen group
+    and the next (group scores) and between the last chosen expert and the next allowed one (choice values). A
+    kernel whose fp32 router logits differ in the last bits (another summation order) may pick differently only where
+    this is ~1e-7; tests judge exact agreement only on sequences whose every token routes decisively."""
+    E, G, k = logits.shape[-1], a["n_group"], a["topk_group"]
+    choice = logits.float().sigmoid() + bias
+    group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+    ranked = group_scores.sort(dim=-1, descending=True)[0]
+    group_gap = ranked[:, k - 1] - ranked[:, k] if k < G else torch.full_like(ranked[:, 0], float("inf"))
+    group_mask = torch.zeros_like(group_scores).scatter_(1, torch.topk(group_scores, k=k, dim=-1)[1], 1)
+    allowed = choice.masked_fill(~group_mask.bool().unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E), float("-inf"))
+    ranked = allowed.sort(dim=-1, descending=True)[0]
+    expert_gap = ranked[:, a["top_k"] - 1] - ranked[:, a["top_k"]]
+    return torch.minimum(group_gap, expert_gap)
+
+
 def expert_weights(params: list[torch.Tensor], fmt: str, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """Expert e's (gate_up [2I, H], down [H, I]) in `dtype`. NVFP4: code x block scale x global scale in fp32
     (exact), rounded once, each row block (gate, up; down) with its own global scale."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import rel_err, write_gpu_summary
+from conftest import rel_err, routing_margins, write_gpu_summary
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,9 @@ def test_long_prefill_dequant_render_equals_the_interpreter(tiny_spec, tiny_ckpt
     render (the gate_up experts dequantised once per step); of MOE_DEQUANT_DOWN_MIN_TOKENS or more (16 x 1,024) its
     DEQUANT_DOWN render (the down experts too); "dequant-16k": the same 16 x 1,024 through DEQUANT alone (the
     threshold raised for this package), which tells the render's share from the size's: fp32, equal to the
-    interpreter (< 1e-4). (2026-12-01 s8run7: dequant 1.5e-6, dequant-down 2.3e-4, dequant-16k not yet run.)"""
+    interpreter (< 1e-4) on every sequence whose tokens all route decisively. (2026-12-01 s9run1: dequant-down and
+    dequant-16k give the same errors, 1e-6 but 2.3e-4 on sequence 9, whose token 508 has a routing margin of 1.2e-7 in
+    layer 2: a near-tie, not the render.)"""
     import beamc.codegen.emitters as emitters
 
     T = sum(lens)
@@ -99,10 +101,17 @@ def test_long_prefill_dequant_render_equals_the_interpreter(tiny_spec, tiny_ckpt
                and bool(ln.kernel.constants.get("DEQUANT_DOWN")) == down for _, ln in launches), \
         "no DEQUANT render in the prefill step at this size"
     seqs = [_ids(n, 50 + i) for i, n in enumerate(lens)]
-    errs = [rel_err(g, w) for g, w in zip(m.prefill(list(range(len(lens))), seqs),
-                                          [x[-1] for x in ref.prefill(list(enumerate(seqs)))])]
-    summary[f"long_prefill_{'dequant_down' if down else 'dequant'}_{T}_f32_rel_errs"] = errs
-    assert max(errs) < 1e-4
+    with routing_margins() as rm:
+        want = [x[-1] for x in ref.prefill(list(enumerate(seqs)))]
+    errs = [rel_err(g, w) for g, w in zip(m.prefill(list(range(len(lens))), seqs), want)]
+    # a sequence with a routing near-tie (some token's margin below 1e-6: four ulps of a choice value in [1, 2); the
+    # fp32 router's noise is ~1e-7) may route differently in the kernels' summation order: judged only where every
+    # token of the sequence routes decisively (16 x 1,024: 12 of 16 sequences; 5 x 1,000: all)
+    margin = [float(x.min()) for x in rm.per_row().split(list(lens))]
+    decisive = [e for e, g in zip(errs, margin) if g > 1e-6]
+    name = f"long_prefill_{'dequant_down' if down else 'dequant'}_{T}_f32"
+    summary[name + "_rel_errs"], summary[name + "_routing_margins"] = errs, margin
+    assert len(decisive) >= len(lens) // 2 and max(decisive) < 1e-4
 
 
 # Whole-model bf16 is compared statistically (a random-weight MoE is chaotic in bf16: one routing flip moves the
