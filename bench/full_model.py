@@ -283,6 +283,9 @@ def main(argv=None) -> dict:
     pprof = None
     if a.profile == "all":
         facts["prefill"]["profile"] = pprof = profile_step(model, "prefill", {"T": pkey[1], "R": pkey[2]}, reps=1)
+        # the replayed graph's timeline: where its time goes besides its kernels (idle gaps, by neighbours)
+        facts["prefill"]["replay_profile"] = profile_replay(replay(model, pkey, "prefill", {"T": pkey[1],
+                                                                                            "R": pkey[2]}), device, 1)
     facts["graphs"] = model.graphs.summary()
     if device.type == "cuda":
         facts["max_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / GB, 2)
@@ -301,8 +304,13 @@ def main(argv=None) -> dict:
     print(f"decode: {d['kernels']} kernels + {sum(d['library_calls'].values())} library calls "
           f"{d['library_calls']}; roofline {r['ms']:.3f} ms ({nbytes['total'] / GB:.2f} GB at {bw:.2f} TB/s read) "
           f"= {r['fraction']:.0%} of the measured step")
-    rp = d["replay_profile"]
-    print(f"decode graph replay: {rp['kernels']:.0f} kernels in a {d['ms']:.3f} ms step")
+    for name, step in (("decode", d), ("prefill", p)):
+        rp = step.get("replay_profile")
+        if rp and "span_us" in rp:
+            gaps = ", ".join(f"{k} {us / 1e3:.2f}" for k, us in list(rp["idle_us_by_neighbours"].items())[:4])
+            print(f"{name} graph replay: {rp['kernels']:.0f} kernels in a {step['ms']:.3f} ms step; under the "
+                  f"profiler a {rp['span_us'] / 1e3:.3f} ms span, kernels busy {rp['busy_us'] / 1e3:.3f}, idle "
+                  f"{rp['idle_us'] / 1e3:.3f} (ms; by neighbours: {gaps})")
     print(breakdown_table(prof))
     if pprof is not None:
         print(breakdown_table(pprof))

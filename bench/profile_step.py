@@ -202,9 +202,39 @@ def launch_medians(fn, device, n: int, reps: int = 3, name: str = "kernel") -> l
     return [sorted(ev[r * n + s].time_range.elapsed_us() for r in range(reps))[reps // 2] for s in range(n)]
 
 
+def _kernel_kind(name: str) -> str:
+    """A coarse label for a kernel in a replay's timeline (generated Triton kernels are all named `kernel`)."""
+    low = name.lower()
+    if name == "kernel":
+        return "triton"
+    if "memcpy" in low or "memset" in low or "copy" in low:
+        return "copy"
+    if "nvjet" in low or "gemm" in low or "cublas" in low or "cutlass" in low:
+        return "cublas"
+    return "torch"
+
+
 def profile_replay(fn, device, reps: int = 3) -> dict:
-    """Kernels per call of `fn` (a CUDA-graph replay) under the profiler. (Their summed durations are not the
-    step's time: a PDL kernel starts before its predecessor ends and waits inside, so the durations overlap.)"""
+    """One call of `fn` (a CUDA-graph replay) under the profiler, as a timeline: kernels per call, the span from the
+    first kernel's start to the last one's end, the time some kernel ran (the union of their intervals: a PDL kernel
+    starts before its predecessor ends and waits inside, so durations overlap) and the idle rest, summed by the kinds
+    of kernel on either side of each gap (triton / cublas / copy / torch)."""
     if device.type != "cuda":
         return {"kernels": 0, "note": "no device"}
-    return {"kernels": len(device_kernels(fn, device, reps)) / reps}
+    ev = device_kernels(fn, device, reps)
+    n = len(ev) // reps
+    spans, busy, gaps = [], [], defaultdict(float)
+    for r in range(reps):
+        call = [(e.time_range.start, e.time_range.end, _kernel_kind(e.name)) for e in ev[r * n:(r + 1) * n]]
+        spans.append(max(b for _, b, _ in call) - call[0][0])
+        busy.append(interval_union([(a, b) for a, b, _ in call]))
+        end, before = call[0][1], call[0][2]
+        for a, b, kind in call[1:]:
+            if a > end:
+                gaps[f"{before}->{kind}"] += (a - end) / reps
+            if b >= end:
+                end, before = b, kind
+    span, run = sum(spans) / reps, sum(busy) / reps
+    return {"kernels": n, "span_us": span, "busy_us": run, "idle_us": span - run,
+            "idle_us_by_neighbours": dict(sorted(gaps.items(), key=lambda x: -x[1])),
+            "note": "kernels of one replay; busy: the union of their intervals; idle: the span's rest"}
