@@ -282,3 +282,33 @@ def test_a_bad_block_table_is_refused_before_anything_is_written(tiny_spec, weig
     with pytest.raises(BeamcError, match=match):
         interp.run(inputs, states)
     assert all(torch.equal(before[k], states[0][k]) for k in before)
+
+
+def test_routing_margin_measures_the_distance_to_a_tie():
+    """moe_select_margin: the gap at the group cut and at the expert cut (in choice values), inf with nothing left to
+    choose; the tests' guard for fp32 kernels that may break a near-tie the other way."""
+    from beamc.ir.reference import moe_select_margin, moe_select_ref
+
+    a = dict(n_group=2, topk_group=1, top_k=1, renormalize=True, eps=1e-20)
+    bias = torch.zeros(4)
+    logit = lambda p: torch.logit(torch.tensor(p, dtype=torch.float64)).float()  # noqa: E731 - choice value p
+    # groups {0, 1} and {2, 3}: group scores 0.9 + 0.5 vs 0.8 + 0.7 (gap ~0.1); in the kept group 0.8 vs 0.7
+    x = torch.stack([logit(0.9), logit(0.5), logit(0.8), logit(0.7)])[None]
+    m = moe_select_margin(x, bias, a)
+    assert moe_select_ref(x, bias, a)[1].tolist() == [[2]]
+    assert abs(float(m) - 0.1) < 1e-6
+    x2 = torch.stack([logit(0.9), logit(0.6), logit(0.8), logit(0.7)])[None]  # groups tie (1.5 / 1.5)
+    assert float(moe_select_margin(x2, bias, a)) < 1e-6
+    every = dict(a, topk_group=2, top_k=4)  # every expert chosen: nothing to flip
+    assert moe_select_margin(x, bias, every).isinf().all()
+
+
+def test_tp_checks_skip_the_experts_of_a_spec_without_moe_layers(tiny_spec):
+    """A spec whose layers are all dense holds no experts: their d_ff / NVFP4 group split does not limit --tp."""
+    from beamc.checkpoint.layout import check_tp
+
+    with pytest.raises(BeamcError, match="NVFP4"):
+        check_tp(tiny_spec, 8)  # the tiny spec's experts: d_ff 64 / 8 = 8, less than one group of 16
+    dense = tiny_spec.model_copy(update={"layers": tiny_spec.layers.model_copy(update={"dense_first": 8})})
+    assert "sparse" not in dense.mlp_types
+    check_tp(dense, 8)

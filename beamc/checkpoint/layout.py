@@ -213,8 +213,10 @@ def check_tp(spec: ModelSpec, tp: int, rank: int = 0) -> None:
         raise BeamcError("--rank", f"must be in [0, {tp}), got {rank}")
     checks = [  # vocab_size need not divide: the lm_head split is padded (Shard pad=True)
         ("attention.num_heads", a.num_heads),
-        ("mlp.moe.d_ff", m.d_ff),
     ]
+    has_moe = "sparse" in spec.mlp_types  # (a spec of dense layers only holds no experts to shard)
+    if has_moe:
+        checks.append(("mlp.moe.d_ff", m.d_ff))
     if "dense" in spec.mlp_types:
         checks.append(("mlp.dense.d_ff", spec.mlp.dense.d_ff))
     for path, n in checks:
@@ -226,7 +228,7 @@ def check_tp(spec: ModelSpec, tp: int, rank: int = 0) -> None:
     elif tp % a.num_kv_heads:
         raise BeamcError("--tp", f"{tp} > num_kv_heads ({a.num_kv_heads}) must be a multiple of it "
                                  "so that kv heads replicate evenly")
-    if spec.dtypes.experts == "nvfp4" and (m.d_ff // tp) % spec.nvfp4.group_size:
+    if has_moe and spec.dtypes.experts == "nvfp4" and (m.d_ff // tp) % spec.nvfp4.group_size:
         raise BeamcError("--tp", f"each rank's expert d_ff ({m.d_ff}/{tp}) must be a multiple of the NVFP4 "
                                  f"group size {spec.nvfp4.group_size}")
 

@@ -276,8 +276,9 @@ def swiglu_ref(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 REFS["swiglu"] = lambda t, a: (swiglu_ref(t[0], t[1]),)
 
 
-def moe_select_ref(logits, bias, a) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3 grouped sigmoid routing, as transformers' BeamTopKRouter (fp32 throughout)."""
+def _grouped_choice(logits: torch.Tensor, bias: torch.Tensor, a) -> tuple[torch.Tensor, ...]:
+    """DeepSeek-V3 grouped routing up to the expert choice: (scores, group scores, the choice values of the experts
+    in the kept groups, -inf elsewhere)."""
     E, G = logits.shape[-1], a["n_group"]
     scores = logits.sigmoid()
     choice = scores + bias
@@ -285,7 +286,12 @@ def moe_select_ref(logits, bias, a) -> tuple[torch.Tensor, torch.Tensor]:
     group_idx = torch.topk(group_scores, k=a["topk_group"], dim=-1)[1]
     group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
     score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    return scores, group_scores, choice.masked_fill(~score_mask.bool(), float("-inf"))
+
+
+def moe_select_ref(logits, bias, a) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 grouped sigmoid routing, as transformers' BeamTopKRouter (fp32 throughout)."""
+    scores, _, choice = _grouped_choice(logits, bias, a)
     idx = torch.topk(choice, k=a["top_k"], dim=-1)[1]
     w = scores.gather(1, idx)
     if a["renormalize"]:
@@ -297,19 +303,18 @@ REFS["moe_select"] = lambda t, a: moe_select_ref(t[0], t[1], a)
 
 
 def moe_select_margin(logits: torch.Tensor, bias: torch.Tensor, a) -> torch.Tensor:
-    """Per token, how far moe_select_ref's choice is from a tie: the smaller of the gap between the last chosen group
-    and the next (group scores) and between the last chosen expert and the next allowed one (choice values). A
-    kernel whose fp32 router logits differ in the last bits (another summation order) may pick differently only where
-    this is ~1e-7; tests judge exact agreement only on sequences whose every token routes decisively."""
-    E, G, k = logits.shape[-1], a["n_group"], a["topk_group"]
-    choice = logits.float().sigmoid() + bias
-    group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+    """Per token, how far moe_select_ref's choice is from a tie: the smaller of the gap between the last kept group
+    and the next (group scores) and between the last chosen expert and the next one of the kept groups (choice
+    values); inf where nothing is left to choose from. A kernel whose fp32 router logits differ in the last bits
+    (another summation order) may route differently only where this is ~1e-7: tests judge exact agreement only on
+    sequences whose every token routes decisively."""
+    _, group_scores, choice = _grouped_choice(logits.float(), bias, a)
+    k, top_k = a["topk_group"], a["top_k"]
+    inf = torch.full_like(group_scores[:, 0], float("inf"))
     ranked = group_scores.sort(dim=-1, descending=True)[0]
-    group_gap = ranked[:, k - 1] - ranked[:, k] if k < G else torch.full_like(ranked[:, 0], float("inf"))
-    group_mask = torch.zeros_like(group_scores).scatter_(1, torch.topk(group_scores, k=k, dim=-1)[1], 1)
-    allowed = choice.masked_fill(~group_mask.bool().unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E), float("-inf"))
-    ranked = allowed.sort(dim=-1, descending=True)[0]
-    expert_gap = ranked[:, a["top_k"] - 1] - ranked[:, a["top_k"]]
+    group_gap = ranked[:, k - 1] - ranked[:, k] if k < ranked.shape[-1] else inf
+    ranked = choice.sort(dim=-1, descending=True)[0]
+    expert_gap = ranked[:, top_k - 1] - ranked[:, top_k] if top_k < ranked.shape[-1] else inf
     return torch.minimum(group_gap, expert_gap)
 
 
