@@ -1,7 +1,8 @@
 """The compiled runtime on the GPU (tiny spec, NVFP4 experts): compiled vs the interpreter in fp32 (< 1e-4) and in
-bf16 (statistically: mean |delta logprob| of the reference's tokens < 0.01 over a 64-token continuation of a ragged
-batch of 4, greedy tokens equal wherever the reference's top-2 margin exceeds 1e-2); every decode batch bucket;
-CUDA-graph decode equal to eager decode bit for bit, through a long ragged decode where sequences join and leave
+bf16 (statistically: mean |delta logprob| of the reference's tokens < MAX_MEAN_DLOGPROB over a 64-token continuation
+of a ragged batch of 4, greedy tokens equal on MIN_GREEDY_AGREEMENT of those where the reference's top-2 margin
+exceeds 1e-2; and each bf16 model's deviation from the fp32 one: the compiled within 1.5x the interpreter's); every
+decode batch bucket; CUDA-graph decode equal to eager decode bit for bit, through a long ragged decode where sequences join and leave
 and pages are reused (BEAMC_RUNTIME_STEPS steps, default 10,000); the fp8 KV cache. Writes $BEAMC_GPU_OUT/runtime.json.
 """
 from __future__ import annotations
@@ -149,6 +150,32 @@ def test_bf16_compiled_tracks_the_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_bf
     summary["bf16"] = {**r, "graphs": m.graphs.summary()}
     assert r["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB, r
     assert r["greedy_agree"] >= MIN_GREEDY_AGREEMENT * r["greedy_decisive"], r
+
+
+class _SessionAsModel:
+    """A ReferenceSession behind the runtime's prefill / decode calls (last-token logits), for `_track`."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def prefill(self, ids, seqs):
+        return torch.stack([x[-1] for x in self.ref.prefill(list(zip(ids, seqs)))])
+
+    def decode(self, ids, toks):
+        return self.ref.decode(dict(zip(ids, toks)))
+
+
+def test_bf16_compiled_is_as_close_to_fp32_as_the_bf16_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_bf16, summary):
+    """Chaos or error? The compiled bf16 model and the bf16 interpreter, each teacher-forced on the fp32
+    interpreter's greedy tokens: the compiled model's mean |delta logprob| from fp32 within 1.5x the interpreter's
+    own (+0.005). (Both round to bf16 at other points than fp32; the compiled kernels keep some values in fp32 that
+    the interpreter rounds: neither is the fp32 model, and a random-weight MoE amplifies any rounding.)"""
+    seqs = [_ids(n, 10 + i) for i, n in enumerate((33, 5, 120, 64))]
+    f32 = lambda: _ref(tiny_spec, tiny_ckpt_nvfp4, "f32")  # noqa: E731 - a fresh teacher per follower
+    rc = _track(_load(pkg_bf16, tiny_ckpt_nvfp4), f32(), seqs, 64)
+    ri = _track(_SessionAsModel(_ref(tiny_spec, tiny_ckpt_nvfp4, "bf16")), f32(), seqs, 64)
+    summary["bf16_vs_fp32"] = {"compiled": rc, "interpreter": ri}
+    assert rc["mean_abs_dlogprob"] <= 1.5 * ri["mean_abs_dlogprob"] + 0.005, summary["bf16_vs_fp32"]
 
 
 def test_every_decode_bucket(tiny_spec, tiny_ckpt_nvfp4, pkg_f32, summary):
