@@ -312,3 +312,19 @@ def test_tp_checks_skip_the_experts_of_a_spec_without_moe_layers(tiny_spec):
     dense = tiny_spec.model_copy(update={"layers": tiny_spec.layers.model_copy(update={"dense_first": 8})})
     assert "sparse" not in dense.mlp_types
     check_tp(dense, 8)
+
+
+def test_tied_embeddings_at_tp2_compute_every_logit_on_each_rank(tiny_spec, tmp_path):
+    """Tied embeddings at --tp > 1: the replicated embedding matrix is each rank's lm_head (no vocabulary gather);
+    the tp-2 logits equal tp 1's (fp32)."""
+    from beamc.checkpoint.init import init_weights
+
+    tied = tiny_spec.model_copy(update={"logits": tiny_spec.logits.model_copy(update={"tie_word_embeddings": True})})
+    g = lower(tied, LowerOptions(tp=2, dtype="f32"))
+    assert not [n for n in g.nodes if n.op == "all_gather"]
+    init_weights(tied, tmp_path, seed=5, experts="nvfp4")
+    seqs = [(0, list(range(3, 12))), (1, [7, 8, 9])]
+    out = [ReferenceSession.from_checkpoint(tied, tmp_path, tp=tp, max_seqs=2, max_len=64, max_chunk=64)
+           .prefill(seqs) for tp in (1, 2)]
+    for a, b in zip(*out):
+        assert float((a - b).norm() / b.norm()) < 1e-5

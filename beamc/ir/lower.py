@@ -32,9 +32,6 @@ class LowerOptions:
 
 class _Lowerer:
     def __init__(self, spec: ModelSpec, opt: LowerOptions):
-        if spec.logits.tie_word_embeddings and opt.tp > 1:
-            raise BeamcError("logits.tie_word_embeddings", "tied embeddings with --tp > 1 are not supported",
-                             "use untied embeddings (Beam's are untied) or --tp 1")
         self.spec, self.opt = spec, opt
         self.dims = rank_dims(spec, opt.tp, opt.rank)
         self.f32 = opt.dtype == "f32"
@@ -80,9 +77,11 @@ class _Lowerer:
         if self.opt.logits == "last":
             rows = g.input("logit_rows", ("R",), "i64")
             h = g.add("gather_rows", h, rows)
-        head = "model.embed_tokens.weight" if s.logits.tie_word_embeddings else "lm_head.weight"
-        logits = g.add("linear", h, self.W(head), name="lm_head")
-        if self.opt.tp > 1:  # a padded vocabulary's extra rows (zero weights) are cut after the gather
+        # tied embeddings: every rank holds the whole (replicated) embedding matrix, so each computes every logit and
+        # nothing is gathered (the vocabulary's GEMM repeated on each rank; Beam's lm_head is untied and split)
+        tied = s.logits.tie_word_embeddings
+        logits = g.add("linear", h, self.W("model.embed_tokens.weight" if tied else "lm_head.weight"), name="lm_head")
+        if self.opt.tp > 1 and not tied:  # a padded vocabulary's extra rows (zero weights) are cut after the gather
             valid = s.vocab_size if self.dims.vocab * self.opt.tp != s.vocab_size else None
             logits = g.add("all_gather", logits, dim=-1, tp=self.opt.tp, valid=valid, name="lm_head.gather")
         if s.logits.softcap is not None:
