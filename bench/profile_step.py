@@ -99,7 +99,7 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
     ranges.sort()
     starts = [r[0] for r in ranges]
     per_launch: dict[int, float] = defaultdict(float)
-    parts: dict[int, list[float]] = defaultdict(list)  # each launch's kernels in order (first rep's count)
+    parts: dict[int, list[float]] = defaultdict(list)  # each launch's kernel durations, in order, rep after rep
     spans: dict[int, list[tuple[float, float]]] = defaultdict(list)  # (start, end) of each range's kernels
     by_name: dict[str, float] = defaultdict(float)
     unattributed = 0.0
