@@ -3,7 +3,8 @@ bf16 (statistically: mean |delta logprob| of the reference's tokens < MAX_MEAN_D
 of a ragged batch of 4, greedy tokens equal on MIN_GREEDY_AGREEMENT of those where the reference's top-2 margin
 exceeds 1e-2; and each bf16 model's deviation from the fp32 one: the compiled within 1.5x the interpreter's); every
 decode batch bucket; CUDA-graph decode equal to eager decode bit for bit, through a long ragged decode where sequences
-join and leave and pages are reused (BEAMC_RUNTIME_STEPS steps, default 10,000); the fp8 KV cache. Writes $BEAMC_GPU_OUT/runtime.json.
+join and leave and pages are reused (BEAMC_RUNTIME_STEPS steps, default 10,000); the fp8 KV cache. Writes
+$BEAMC_GPU_OUT/runtime.json.
 """
 from __future__ import annotations
 
