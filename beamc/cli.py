@@ -48,6 +48,13 @@ def _cmd_init_weights(args: argparse.Namespace) -> None:
     tensors = sum(f.suffix == ".safetensors" for f in written)
     experts = "nvfp4" if (out / "hf_quant_config.json").is_file() else "bf16"
     print(f"wrote {out}: {len(written)} files ({tensors} safetensors), {_size(size)}, experts {experts}")
+    from beamc.spec import load_spec
+    from beamc.spec.hf import hf_unexpressed
+
+    unexpressed = hf_unexpressed(load_spec(args.spec))
+    if unexpressed:  # complete for beamc, which reads the spec; not for transformers, which reads config.json
+        print("beamc: warning: config.json cannot carry " + "; ".join(unexpressed) + ": transformers would run this "
+              "checkpoint with its hard-coded values (beamc reads the spec)", file=sys.stderr)
 
 
 def _cmd_logits(args: argparse.Namespace) -> None:

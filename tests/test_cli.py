@@ -381,3 +381,20 @@ def test_readme_documents_the_command_line():
                 assert a.help, f"{name} {a.option_strings[-1]} has no help text"
                 assert a.option_strings[-1] in readme or a.option_strings[0] in readme, \
                     f"README does not mention {name} {a.option_strings[-1]}"
+
+
+def test_init_weights_describes_what_config_json_can_and_warns_about_the_rest(tmp_path, capsys):
+    """config.json's sliding_window counts the current token (a window that excludes it is written one longer, so
+    transformers sees the same keys); facts transformers' Beam hard-codes (here the norms' 1 + w) are named in one
+    warning, the checkpoint still written (beamc reads the spec)."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "models/beam-tiny.yaml").read_text())
+    data["attention"]["sliding"]["window_includes_current"] = False
+    data["norm"]["weight_form"] = "1+w"
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    assert main(["init-weights", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "ckpt")]) == 0
+    cfg = json.loads((tmp_path / "ckpt/config.json").read_text())
+    assert cfg["sliding_window"] == data["attention"]["sliding"]["window"] + 1
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "norm.weight_form = 1+w" in err and "qk_norm" not in err

@@ -164,20 +164,26 @@ def test_weight_form_one_plus_w_matches_the_gemma_style_norm(tiny_spec, tiny_spe
     assert rel_err(ours, ref) < 1e-5 and rel_err(plain, ref) > 1e-2
 
 
-def test_window_excluding_current_sees_one_more_key(tiny_spec_bf16, tiny_ckpt):
-    """window_includes_current: false means keys [pos - window, pos]: transformers with sliding_window + 1."""
+def test_window_excluding_current_sees_one_more_key(tiny_spec_bf16, tiny_ckpt, tmp_path):
+    """window_includes_current: false means keys [pos - window, pos]: transformers with sliding_window + 1, which is
+    what the spec's config.json says (spec_to_hf_config; the loader refuses the tiny checkpoint's own config.json,
+    whose window is one key shorter)."""
+    import json
+    import shutil
+
+    from beamc.spec.hf import spec_to_hf_config
+
     spec = _variant(tiny_spec_bf16, **{"attention.sliding.window_includes_current": False})
     assert spec.effective_window == tiny_spec_bf16.attention.sliding.window + 1
+    with pytest.raises(BeamcError, match="sliding_window"):
+        ReferenceSession.from_checkpoint(spec, tiny_ckpt)
+    ckpt = shutil.copytree(tiny_ckpt, tmp_path / "ckpt")
+    (ckpt / "config.json").write_text(json.dumps(spec_to_hf_config(spec)))
+    assert json.loads((ckpt / "config.json").read_text())["sliding_window"] == spec.effective_window
     ids = _ids(spec.vocab_size, 40, 12)
-    ours = ReferenceSession.from_checkpoint(spec, tiny_ckpt, max_len=48, max_chunk=40).prefill([(0, ids)])[0]
+    ours = ReferenceSession.from_checkpoint(spec, ckpt, max_len=48, max_chunk=40).prefill([(0, ids)])[0]
     same = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, max_len=48, max_chunk=40).prefill([(0, ids)])[0]
-    from transformers import BeamConfig, BeamForCausalLM
-
-    cfg = BeamConfig.from_pretrained(tiny_ckpt)
-    cfg.sliding_window = spec.effective_window
-    model = BeamForCausalLM.from_pretrained(tiny_ckpt, config=cfg, dtype=torch.float32,
-                                            experts_implementation="eager").eval()
-    ref = hf_logits(model, ids)
+    ref = hf_logits(hf_model(ckpt, torch.float32), ids)
     assert rel_err(ours, ref) < 1e-5 and rel_err(same, ref) > 1e-4
 
 
@@ -328,3 +334,31 @@ def test_tied_embeddings_at_tp2_compute_every_logit_on_each_rank(tiny_spec, tmp_
            .prefill(seqs) for tp in (1, 2)]
     for a, b in zip(*out):
         assert float((a - b).norm() / b.norm()) < 1e-5
+
+
+def test_q_scale_and_residual_indices_match_transformers_with_those_constants(tiny_spec_bf16, tiny_ckpt, monkeypatch):
+    """The SSMax constants and the depth-scaled residual's indices, which transformers' Beam hard-codes (config.json
+    cannot carry them: `beamc init-weights` warns): transformers with its two functions re-parametrised the same way
+    equals the interpreter, and both differ from the defaults."""
+    import transformers.models.beam.modeling_beam as mb
+
+    spec = _variant(tiny_spec_bf16, **{"attention.full.q_scale.length": 512.0, "attention.full.q_scale.offset": 2.0,
+                                       "attention.full.q_scale.exponent": 0.3, "residual.attn_n.scale": 3,
+                                       "residual.attn_n.extra": 1, "residual.mlp_n.scale": 3, "residual.mlp_n.extra": 2})
+    from beamc.spec.hf import hf_unexpressed
+
+    assert [x.split(" = ")[0] for x in hf_unexpressed(spec)] == ["attention.full.q_scale", "residual.attn_n",
+                                                                  "residual.mlp_n"]
+    add = mb.depth_scaled_residual_add
+
+    def residual(h, r, n):  # transformers' n: 2 (L + 1) for attention, 2 (L + 1) + 1 for the MLP
+        return add(h, r, 3 * (n // 2) + (2 if n % 2 else 1))
+
+    monkeypatch.setattr(mb, "depth_scaled_residual_add", residual)
+    monkeypatch.setattr(mb, "compute_attention_scaling",
+                        lambda pos: torch.exp(0.3 * torch.log1p((pos.float() + 2) / 512))[:, None, :, None])
+    ids = _ids(spec.vocab_size, 24, 13)
+    ref = hf_logits(hf_model(tiny_ckpt, torch.float32), ids)
+    ours = ReferenceSession.from_checkpoint(spec, tiny_ckpt, max_len=32, max_chunk=32).prefill([(0, ids)])[0]
+    plain = ReferenceSession.from_checkpoint(tiny_spec_bf16, tiny_ckpt, max_len=32, max_chunk=32).prefill([(0, ids)])[0]
+    assert rel_err(ours, ref) < 1e-5 and rel_err(plain, ref) > 1e-3

@@ -45,7 +45,7 @@ def spec_to_hf_config(spec: ModelSpec) -> dict[str, Any]:
         "tie_word_embeddings": spec.logits.tie_word_embeddings,
         "attention_bias": a.bias,
         "attention_dropout": 0.0,
-        "sliding_window": a.sliding.window,
+        "sliding_window": spec.effective_window,  # BeamConfig's window counts the current token
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": a.sliding.rope.theta},
             "full_attention": None,
@@ -67,6 +67,27 @@ def spec_to_hf_config(spec: ModelSpec) -> dict[str, Any]:
     elif spec.dtypes.kv_cache == "fp8":  # ModelOpt's form for an FP8 KV cache alone (transformers skips it)
         cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": None, "kv_cache_quant_algo": "FP8"}
     return cfg
+
+
+# Spec fields transformers' Beam hard-codes (no BeamConfig key): their values there, which are the schema's defaults.
+HF_HARD_CODED = ("attention.full.q_scale", "norm.weight_form", "attention.qk_norm.weight_form", "residual.attn_n",
+                 "residual.mlp_n")
+
+
+def hf_unexpressed(spec: ModelSpec) -> list[str]:
+    """The spec's facts that config.json cannot carry: one line per field whose value differs from what
+    transformers' Beam hard-codes. A checkpoint of such a spec is complete for beamc (which reads the spec), but
+    transformers would run it with its own values."""
+    out = []
+    default = ModelSpec.model_construct()  # (the schema's defaults, which are transformers' values)
+    for path in HF_HARD_CODED:
+        have, want = spec, default
+        for key in path.split("."):
+            have, want = getattr(have, key), getattr(want, key)
+        if have != want:
+            show = (lambda v: v.model_dump() if hasattr(v, "model_dump") else v)  # noqa: E731
+            out.append(f"{path} = {show(have)} (transformers' Beam hard-codes {show(want)})")
+    return out
 
 
 def nvfp4_quant_config(spec: ModelSpec) -> dict[str, Any]:
