@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -255,7 +255,8 @@ def main(argv=None) -> dict:
     }
     prof = profile_step(model, "decode", {"B": 1, "R": 1}, reps=3)  # which kernel holds the time
     facts["decode"]["profile"] = prof
-    facts["decode"]["replay_profile"] = profile_replay(replay(model, key, "decode", {"B": 1, "R": 1}), device)
+    facts["decode"]["replay_profile"] = profile_replay(replay(model, key, "decode", {"B": 1, "R": 1}), device,
+                                                       launch_kernels=prof.get("launch_kernels"))
     model.release("d")
     # ---- roofline of the decode step
     bw = kb.read_bandwidth()  # TB/s
@@ -284,8 +285,9 @@ def main(argv=None) -> dict:
     if a.profile == "all":
         facts["prefill"]["profile"] = pprof = profile_step(model, "prefill", {"T": pkey[1], "R": pkey[2]}, reps=1)
         # the replayed graph's timeline: where its time goes besides its kernels (idle gaps, by neighbours)
-        facts["prefill"]["replay_profile"] = profile_replay(replay(model, pkey, "prefill", {"T": pkey[1],
-                                                                                            "R": pkey[2]}), device, 1)
+        facts["prefill"]["replay_profile"] = profile_replay(
+            replay(model, pkey, "prefill", {"T": pkey[1], "R": pkey[2]}), device, 1,
+            launch_kernels=pprof.get("launch_kernels"))
     facts["graphs"] = model.graphs.summary()
     if device.type == "cuda":
         facts["max_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / GB, 2)
@@ -311,6 +313,15 @@ def main(argv=None) -> dict:
             print(f"{name} graph replay: {rp['kernels']:.0f} kernels in a {step['ms']:.3f} ms step; under the "
                   f"profiler a {rp['span_us'] / 1e3:.3f} ms span, kernels busy {rp['busy_us'] / 1e3:.3f}, idle "
                   f"{rp['idle_us'] / 1e3:.3f} (ms; by neighbours: {gaps})")
+            ops = rp.get("graph_us_by_op")
+            if isinstance(ops, dict):
+                top = defaultdict(float)
+                for label, us in ops.items():
+                    top[label.split(": ", 1)[1]] += us
+                print(f"  {name} replay by op (us/step, each launch's own span): " + ", ".join(
+                    f"{o} {us:.0f}" for o, us in sorted(top.items(), key=lambda x: -x[1])[:8]))
+            elif ops:
+                print(f"  {name} replay by op: {ops}")
     print(breakdown_table(prof))
     if pprof is not None:
         print(breakdown_table(pprof))

@@ -101,12 +101,14 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
     per_launch: dict[int, float] = defaultdict(float)
     parts: dict[int, list[float]] = defaultdict(list)  # each launch's kernel durations, in order, rep after rep
     spans: dict[int, list[tuple[float, float]]] = defaultdict(list)  # (start, end) of each range's kernels
+    counts: dict[int, int] = defaultdict(int)  # kernels in each range
     by_name: dict[str, float] = defaultdict(float)
     unattributed = 0.0
     for t0, dur, name in sorted(kernels):
         j = bisect.bisect_right(starts, t0) - 1
         if j >= 0 and t0 <= ranges[j][1]:
             spans[j].append((t0, t0 + dur))
+            counts[j] += 1
             parts[ranges[j][2]].append(dur)
         else:
             unattributed += dur / reps
@@ -140,6 +142,13 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
         n = min(len(parts[i]) for i in ids) // max(reps, 1)
         kern = [sum(sum(parts[i][r * n + k] for r in range(reps)) / reps for i in ids) / len(ids) for k in range(n)]
         detail[o] = {"launch_us": [round(per_launch[i], 1) for i in ids], "kernel_us_mean": [round(x, 1) for x in kern]}
+    # the first step's launches in issue order, each with its kernel count: what maps a CUDA-graph replay's kernels
+    # back to launches (`profile_replay`)
+    first = len(ranges) // max(reps, 1)
+    launch_kernels = []
+    for j in range(first):
+        node, ln = launches[ranges[j][2]]
+        launch_kernels.append((f"{_kind(model.spec, getattr(node, 'layer', None))}: {_op_class(node, ln)}", counts[j]))
     layers = defaultdict(int)
     for L in range(model.spec.num_layers):
         layers[_kind(model.spec, L)] += 1
@@ -155,6 +164,7 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
             "by_op": dict(sorted(by_op.items(), key=lambda x: -x[1])),
             "top_kernels": dict(top_kernels),
             "top_ops_detail": detail,
+            "launch_kernels": launch_kernels,
             "note": "eager launches under torch.profiler, each synchronised (no CUDA graph, no PDL overlap between "
                     "launches); a launch's device time is the union of its kernels' intervals (its PDL kernels "
                     "overlap each other; device_us_pdl_overlap: what summing them would add)"}
@@ -214,16 +224,34 @@ def _kernel_kind(name: str) -> str:
     return "torch"
 
 
-def profile_replay(fn, device, reps: int = 3) -> dict:
+def split_by_launch(call: list[tuple[float, float]], launch_kernels: list) -> list[tuple[str, float]]:
+    """A replay's kernels (start, end), in order, split by launch (label, kernel count): each launch's time runs from
+    its first kernel's start, or its predecessor's end if later, to its last kernel's end (0 if inside the
+    predecessor's). The times add up to the span minus the idle gaps between launches."""
+    out, i, prev_end = [], 0, call[0][0] if call else 0.0
+    for label, c in launch_kernels:
+        if c:
+            mine = call[i:i + c]
+            last = max(b for _, b in mine)
+            out.append((label, max(0.0, last - max(prev_end, min(a for a, _ in mine)))))
+            prev_end, i = max(prev_end, last), i + c
+    return out
+
+
+def profile_replay(fn, device, reps: int = 3, launch_kernels: list | None = None) -> dict:
     """One call of `fn` (a CUDA-graph replay) under the profiler, as a timeline: kernels per call, the span from the
     first kernel's start to the last one's end, the time some kernel ran (the union of their intervals: a PDL kernel
     starts before its predecessor ends and waits inside, so durations overlap) and the idle rest, summed by the kinds
-    of kernel on either side of each gap (triton / cublas / copy / torch)."""
+    of kernel on either side of each gap (triton / cublas / copy / torch). With `launch_kernels` (profile_step's:
+    each launch's label and kernel count, in issue order) and as many kernels as they add up to, the span is also
+    split by launch: each launch from its first kernel's start, or its predecessor's end if later (a PDL kernel's
+    early start is its predecessor's time), to its last kernel's end, summed by label (`graph_us_by_op`)."""
     if device.type != "cuda":
         return {"kernels": 0, "note": "no device"}
     ev = device_kernels(fn, device, reps)
     n = len(ev) // reps
-    spans, busy, gaps = [], [], defaultdict(float)
+    spans, busy, gaps, by_op = [], [], defaultdict(float), defaultdict(float)
+    mapped = launch_kernels is not None and sum(c for _, c in launch_kernels) == n
     for r in range(reps):
         call = [(e.time_range.start, e.time_range.end, _kernel_kind(e.name)) for e in ev[r * n:(r + 1) * n]]
         spans.append(max(b for _, b, _ in call) - call[0][0])
@@ -234,7 +262,14 @@ def profile_replay(fn, device, reps: int = 3) -> dict:
                 gaps[f"{before}->{kind}"] += (a - end) / reps
             if b >= end:
                 end, before = b, kind
+        if mapped:
+            for label, us in split_by_launch([(a, b) for a, b, _ in call], launch_kernels):
+                by_op[label] += us / reps
     span, run = sum(spans) / reps, sum(busy) / reps
-    return {"kernels": n, "span_us": span, "busy_us": run, "idle_us": span - run,
-            "idle_us_by_neighbours": dict(sorted(gaps.items(), key=lambda x: -x[1])),
-            "note": "kernels of one replay; busy: the union of their intervals; idle: the span's rest"}
+    out = {"kernels": n, "span_us": span, "busy_us": run, "idle_us": span - run,
+           "idle_us_by_neighbours": dict(sorted(gaps.items(), key=lambda x: -x[1])),
+           "note": "kernels of one replay; busy: the union of their intervals; idle: the span's rest"}
+    if launch_kernels is not None:
+        out["graph_us_by_op"] = dict(sorted(by_op.items(), key=lambda x: -x[1])) if mapped else \
+            f"not mapped: the replay ran {n} kernels, the eager launches {sum(c for _, c in launch_kernels)}"
+    return out
