@@ -222,3 +222,17 @@ class routing_margins:
 
     def per_row(self) -> torch.Tensor:
         return torch.stack([c.cpu() for c in self.calls]).min(dim=0)[0]
+
+
+def spec_variant(spec, changes: dict):
+    """The spec with nested fields changed ({"attention.sliding.window": 5, ...}), validated like a spec file."""
+    from beamc.spec import parse_spec
+
+    data = spec.model_dump()
+    for path, value in changes.items():
+        node = data
+        *parents, last = path.split(".")
+        for k in parents:
+            node = node[k]
+        node[last] = value
+    return parse_spec(data)

@@ -12,8 +12,7 @@ from beamc.ir.verify import VerifyError, verify
 from beamc.runtime.interpret import Interpreter
 from beamc.runtime.kv_cache import alloc_states
 from beamc.runtime.session import ReferenceSession
-from beamc.spec import parse_spec
-from conftest import hf_logits, hf_model, rel_err
+from conftest import hf_logits, hf_model, rel_err, spec_variant
 
 
 def _ids(vocab: int, n: int, seed: int) -> list[int]:
@@ -22,14 +21,7 @@ def _ids(vocab: int, n: int, seed: int) -> list[int]:
 
 def _variant(spec, **changes):
     """The spec with nested fields changed: _variant(s, **{"attention.sliding.window": 5})."""
-    data = spec.model_dump()
-    for path, value in changes.items():
-        node = data
-        *parents, last = path.split(".")
-        for k in parents:
-            node = node[k]
-        node[last] = value
-    return parse_spec(data)
+    return spec_variant(spec, changes)
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
 """The interpreter against transformers' Beam on the tiny spec, from one random HF checkpoint read by both."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from beamc.runtime.session import ReferenceSession
-from conftest import hf_logits, hf_model, register_beamc_attention, rel_err
+from conftest import hf_logits, hf_model, register_beamc_attention, rel_err, spec_variant
 
 LENS = (57, 33, 70)  # ragged; 57 and 70 exceed three windows of 16
 
@@ -91,3 +92,36 @@ def test_nvfp4_experts_reference_is_their_dequantised_values(tiny_spec, tiny_ckp
     seq = _seqs(tiny_spec.vocab_size, 4, (50,))[0]
     sess = ReferenceSession(tiny_spec, [weights], dtype="f32", max_len=64, max_chunk=64)
     assert rel_err(sess.prefill([(0, seq)])[0], hf_logits(model, seq)) < 1e-5
+
+
+# Two specs far from the tiny one, each changing many fields at once (what config.json can carry), against
+# transformers in fp32: the interpreter is built for any valid spec, not Beam's shape only.
+VARIANTS = {
+    "mqa-hd64-odd": {"hidden_size": 320, "vocab_size": 509, "attention.num_heads": 5, "attention.num_kv_heads": 1,
+                     "attention.head_dim": 64, "attention.sliding.rope.rotary_dim": 64,
+                     "attention.sliding.window": 7, "attention.sliding.window_includes_current": False,
+                     "attention.sliding.rope.theta": 5e5, "layers.dense_first": 0, "mlp.moe.num_experts": 12,
+                     "mlp.moe.n_group": 3, "mlp.moe.topk_group": 3, "mlp.moe.top_k": 3, "mlp.moe.d_ff": 48,
+                     "mlp.moe.renormalize": False, "mlp.moe.routed_scaling": 1.0, "logits.softcap": None,
+                     "logits.tie_word_embeddings": True, "norm.eps": 1e-5, "attention.qk_norm.eps": 1e-5},
+    "mha-all-full-interleaved": {"num_layers": 5, "attention.num_kv_heads": 8, "layers.full_every": 1,
+                                 "layers.mlp": ["sparse", "dense", "sparse", "sparse", "dense"],
+                                 "mlp.moe.n_group": 1, "mlp.moe.topk_group": 1, "mlp.moe.top_k": 5,
+                                 "mlp.dense.d_ff": 96, "dtypes.kv_cache": "fp8"},
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_fp32_prefill_matches_transformers_on_other_specs(tiny_spec_bf16, tmp_path, name):
+    from beamc.checkpoint.init import init_weights
+    from beamc.spec.hf import hf_unexpressed
+
+    spec = spec_variant(tiny_spec_bf16, VARIANTS[name])
+    assert not hf_unexpressed(spec)
+    init_weights(spec, tmp_path, seed=21)
+    seqs = _seqs(spec.vocab_size, 5, (29, 6))
+    outs = ReferenceSession.from_checkpoint(spec, tmp_path, dtype="f32", max_len=64, max_chunk=64).prefill(
+        list(enumerate(seqs)))
+    model = hf_model(tmp_path, torch.float32)
+    for ids, out in zip(seqs, outs):
+        assert rel_err(out, hf_logits(model, ids)) < 1e-5
