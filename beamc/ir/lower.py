@@ -14,7 +14,6 @@ from typing import Literal
 
 from beamc.checkpoint.layout import (TensorInfo, expert_graph_params, file_tensors, kv_scale_params, layer_prefix,
                                      rank_dims, rank_shape)
-from beamc.errors import BeamcError
 from beamc.ir.dtypes import ir_dtype
 from beamc.ir.graph import Graph, Value
 from beamc.spec.schema import ModelSpec
