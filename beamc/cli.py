@@ -38,8 +38,11 @@ def _cmd_import_hf(args: argparse.Namespace) -> None:
 
 def _cmd_init_weights(args: argparse.Namespace) -> None:
     from beamc.checkpoint.init import init_weights
+    from beamc.spec import load_spec
+    from beamc.spec.hf import hf_unexpressed
 
-    out = init_weights(args.spec, args.output, seed=args.seed, experts=args.experts, force=args.force,
+    spec = load_spec(args.spec)
+    out = init_weights(spec, args.output, seed=args.seed, experts=args.experts, force=args.force,
                        overwrite=args.overwrite)
     # init_weights removes the files of an earlier checkpoint first, so these are the ones it wrote
     written = [f for f in sorted(out.iterdir()) if f.is_file() and (f.suffix == ".safetensors" or f.name in (
@@ -48,10 +51,7 @@ def _cmd_init_weights(args: argparse.Namespace) -> None:
     tensors = sum(f.suffix == ".safetensors" for f in written)
     experts = "nvfp4" if (out / "hf_quant_config.json").is_file() else "bf16"
     print(f"wrote {out}: {len(written)} files ({tensors} safetensors), {_size(size)}, experts {experts}")
-    from beamc.spec import load_spec
-    from beamc.spec.hf import hf_unexpressed
-
-    unexpressed = hf_unexpressed(load_spec(args.spec))
+    unexpressed = hf_unexpressed(spec)
     if unexpressed:  # complete for beamc, which reads the spec; not for transformers, which reads config.json
         print("beamc: warning: config.json cannot carry " + "; ".join(unexpressed) + ": transformers would run this "
               "checkpoint with its hard-coded values (beamc reads the spec)", file=sys.stderr)

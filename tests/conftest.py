@@ -208,6 +208,7 @@ class routing_margins:
         from beamc.ir import reference as R
 
         self.calls, self._saved = [], {k: R.REFS[k] for k in ("moe_select", "moe_router")}
+
         def select(logits, bias, a):
             self.calls.append(R.moe_select_margin(logits, bias, a))
             return R.moe_select_ref(logits, bias, a)
