@@ -101,14 +101,12 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
     per_launch: dict[int, float] = defaultdict(float)
     parts: dict[int, list[float]] = defaultdict(list)  # each launch's kernel durations, in order, rep after rep
     spans: dict[int, list[tuple[float, float]]] = defaultdict(list)  # (start, end) of each range's kernels
-    counts: dict[int, int] = defaultdict(int)  # kernels in each range
     by_name: dict[str, float] = defaultdict(float)
     unattributed = 0.0
     for t0, dur, name in sorted(kernels):
         j = bisect.bisect_right(starts, t0) - 1
         if j >= 0 and t0 <= ranges[j][1]:
             spans[j].append((t0, t0 + dur))
-            counts[j] += 1
             parts[ranges[j][2]].append(dur)
         else:
             unattributed += dur / reps
@@ -148,7 +146,8 @@ def profile_step(model, phase: str, sizes: dict, reps: int = 3) -> dict:
     launch_kernels = []
     for j in range(first):
         node, ln = launches[ranges[j][2]]
-        launch_kernels.append((f"{_kind(model.spec, getattr(node, 'layer', None))}: {_op_class(node, ln)}", counts[j]))
+        label = f"{_kind(model.spec, getattr(node, 'layer', None))}: {_op_class(node, ln)}"
+        launch_kernels.append((label, len(spans[j])))
     layers = defaultdict(int)
     for L in range(model.spec.num_layers):
         layers[_kind(model.spec, L)] += 1

@@ -237,3 +237,16 @@ def spec_variant(spec, changes: dict):
             node = node[k]
         node[last] = value
     return parse_spec(data)
+
+
+def load_bench_module(name: str):
+    """bench/<name>.py as a module, without putting bench/ (kernels.py, gemm.py, ...) on sys.path."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]

@@ -307,7 +307,7 @@ def test_tp_checks_skip_the_experts_of_a_spec_without_moe_layers(tiny_spec):
 
     with pytest.raises(BeamcError, match="NVFP4"):
         check_tp(tiny_spec, 8)  # the tiny spec's experts: d_ff 64 / 8 = 8, less than one group of 16
-    dense = tiny_spec.model_copy(update={"layers": tiny_spec.layers.model_copy(update={"dense_first": 8})})
+    dense = _variant(tiny_spec, **{"layers.dense_first": 8})
     assert "sparse" not in dense.mlp_types
     check_tp(dense, 8)
 
@@ -317,7 +317,7 @@ def test_tied_embeddings_at_tp2_compute_every_logit_on_each_rank(tiny_spec, tmp_
     the tp-2 logits equal tp 1's (fp32)."""
     from beamc.checkpoint.init import init_weights
 
-    tied = tiny_spec.model_copy(update={"logits": tiny_spec.logits.model_copy(update={"tie_word_embeddings": True})})
+    tied = _variant(tiny_spec, **{"logits.tie_word_embeddings": True})
     g = lower(tied, LowerOptions(tp=2, dtype="f32"))
     assert not [n for n in g.nodes if n.op == "all_gather"]
     init_weights(tied, tmp_path, seed=5, experts="nvfp4")

@@ -9,9 +9,6 @@ benchmark's one-rank simulation computes.
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
 
@@ -19,20 +16,10 @@ from beamc.codegen.package import compile_package
 from beamc.compiler import compile_graphs
 from beamc.runtime.random_weights import random_rank_weights
 from beamc.runtime.session import ReferenceSession
-from conftest import ROOT
+from conftest import load_bench_module
 
 
-def _load_bench_module(name: str):
-    """bench/<name>.py as a module, without putting bench/ (kernels.py, gemm.py, ...) on sys.path."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-tb = _load_bench_module("torch_baseline")
+tb = load_bench_module("torch_baseline")
 
 TOL = 1e-5
 MAX_CONTEXT = 48
@@ -172,20 +159,3 @@ def test_compiled_blocks_trace_whole_and_share_one_compilation_per_kind(setup, t
     assert torch.equal(out, ref)
     assert "decode" not in model.layers[0].__dict__
 
-
-def test_profile_counts_overlapping_pdl_kernels_once():
-    """bench/profile_step.py: a launch's device time is the union of its kernels' intervals (a PDL kernel that starts
-    early and waits is not counted twice); gaps between kernels are not counted."""
-    ps = _load_bench_module("profile_step")
-    assert ps.interval_union([(0.0, 10.0), (2.0, 12.0), (20.0, 25.0)]) == 17.0
-    assert ps.interval_union([(5.0, 6.0), (0.0, 10.0)]) == 10.0
-    assert ps.interval_union([]) == 0.0
-
-
-def test_replay_timeline_splits_the_span_by_launch():
-    """bench/profile_step.py: a replay's kernels mapped back to launches by their kernel counts; a PDL kernel that
-    starts inside its predecessor counts from the predecessor's end; a launch of no kernels takes no time."""
-    ps = _load_bench_module("profile_step")
-    call = [(0.0, 10.0), (8.0, 15.0), (9.0, 20.0), (22.0, 30.0)]  # launch a: 1 kernel, b: 2 (early start), c: 1
-    got = ps.split_by_launch(call, [("a", 1), ("b", 2), ("none", 0), ("c", 1)])
-    assert got == [("a", 10.0), ("b", 10.0), ("c", 8.0)]  # (the 2 us gap between b and c is idle)
