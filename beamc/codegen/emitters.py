@@ -72,12 +72,26 @@ GEMM_ISSUE = "cuBLAS through torch until the GEMM/MoE kernels (issue 8)"
 # ---------------------------------------------------------------- kernels of this stage
 def _reduced_first(node: Node, g: Graph, ctx: Context, sub: Value) -> tuple[list[Launch], str]:
     """At tp > 1 a boundary with `allreduce` reads the ranks' sum: the collective (NCCL, a library call until the
-    fused all-reduce issue) writes it into a scratch buffer first. Returns (launches, the buffer the kernel reads)."""
+    fused all-reduce issue) sums `sub` in place when this boundary is its only reader (no copy; and when one GPU runs
+    one rank's share with the collectives skipped, nothing at all), else into a scratch buffer. Returns (launches,
+    the buffer the kernel reads)."""
     if not node.attrs["allreduce"] or g.meta.get("tp", 1) == 1:
         return [], sub.name
+    if _only_reader(g, sub, node):
+        return [library(node, "all_reduce_", AR_PENDING, args=(sub.name,))], sub.name
     s = "scratch:allreduce_sum"
-    return [library(node, "all_reduce", "NCCL through torch.distributed (the fused all-reduce is a later issue)",
-                    args=(sub.name, s), scratch=((s, tuple(sub.shape), sub.dtype),))], s
+    return [library(node, "all_reduce", AR_PENDING, args=(sub.name, s), scratch=((s, tuple(sub.shape), sub.dtype),))], s
+
+
+AR_PENDING = "NCCL through torch.distributed (the fused all-reduce is a later issue)"
+
+
+def _only_reader(g: Graph, v: Value, node: Node) -> bool:
+    """Whether `node` is the only op reading `v`, `v` is not a step output and not a view of another buffer (so it
+    may be overwritten in place)."""
+    made_by = next((n for n in g.nodes if any(o is v for o in n.outputs)), None)
+    return ([n is node for n in g.users().get(v, [])] == [True] and all(o is not v for o in g.outputs.values())
+            and made_by is not None and not OPS[made_by.op].is_view and not OPS[made_by.op].leaf)
 
 
 @emits("boundary")
@@ -102,10 +116,8 @@ def _boundary(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     combine = kernel(node, "moe_combine", ctx, args=names(node.inputs[:3]) + (s,), H=H, TOP_K=y.shape[1],
                      ROUTED_SCALE=a["routed_scale"])
     combine = dataclasses.replace(combine, scratch=((s, tuple(part.shape), part.dtype),))
-    t = "scratch:allreduce_sum"
-    reduce = library(node, "all_reduce", "NCCL through torch.distributed (the fused all-reduce is a later issue)",
-                     args=(s, t), scratch=((t, tuple(part.shape), part.dtype),))
-    return [combine, reduce, kernel(node, "rmsnorm_boundary", ctx, args=(t,) + tail, COMBINE=False, TOP_K=0,
+    reduce = library(node, "all_reduce_", AR_PENDING, args=(s,))  # in place: the step's own scratch, read once
+    return [combine, reduce, kernel(node, "rmsnorm_boundary", ctx, args=(s,) + tail, COMBINE=False, TOP_K=0,
                                     ROUTED_SCALE=None, **norm)]
 
 
@@ -287,7 +299,7 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 
 @emits("all_reduce", "all_gather")
 def _collective(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    return [library(node, node.op, "NCCL through torch.distributed (the fused all-reduce is a later issue)")]
+    return [library(node, node.op, AR_PENDING)]
 
 
 @emits("gather_rows")

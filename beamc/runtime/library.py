@@ -78,6 +78,15 @@ def all_reduce(x, out):
         dist.all_reduce(out)
 
 
+def all_reduce_(x):
+    """The ranks' sum, in place (a boundary's partial sum that nothing else reads). Without a process group (tp = 1,
+    or a benchmark of one rank's share that skips collectives): nothing, no copy."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.all_reduce(x)
+
+
 def all_gather(x, out):
     """The ranks' parts concatenated along the last dim, cut to out's width (a padded vocabulary). A benchmark of one
     rank's share (BEAMC_SKIP_COLLECTIVES=1, no process group): this rank's part, the rest zeros."""
