@@ -5,10 +5,10 @@
 
 Rows: the unfused graph (`passes=[]`: every IR op its own generated kernel or named library call), then each pass
 of `beamc.passes.manager.PASSES` added cumulatively in that (the seed's) order; the last row is every pass.
-`--rows` picks rows by index (0 = unfused, 8 = all passes) or by the last pass's name ("none" / "all" too).
+`--rows` picks rows by index (0 = unfused, the last = all passes) or by the last pass's name ("none" / "all" too).
 
 Each row reuses bench/full_model.py (imported, not copied): the same spec patch (fp8 KV, room for the context),
-the same one-rank simulation (collectives as copies), the same timing helpers and the same decode roofline.
+the same one-rank simulation (collectives skipped, or copies where a row has no fused all-reduce), the same timing helpers and the same decode roofline.
 - compile: `compile_package(spec, tp=8, rank=0, passes=row)`, written to a temporary package;
 - weights: ONE random dict for the whole run, drawn once from the unfused graphs (which read the unpacked
   Q/K/V/gate weights); rows whose `pack_qkv_gate` pass asks for a packed param get it from `Model.load`
@@ -25,7 +25,7 @@ the same one-rank simulation (collectives as copies), the same timing helpers an
 - `--baseline`: plain PyTorch with torch.compile + CUDA graph on the same weights (bench/torch_baseline.py);
 - the model is freed (gc + torch.cuda.empty_cache) before the next row; the JSON is rewritten after every row.
 Budget: the device allows 10 minutes a call, and a row takes ~1 minute (load, graph capture, a 100K context for
-9 sequences), so the rows go in two calls (`--rows 0,1,2,3,4 --tag=-part1`, `--rows 5,6,7,8 --baseline
+9 sequences), so the rows go in two calls (`--rows 0,1,2,3,4,5 --tag=-part1`, `--rows 6,7,8,9,10 --baseline
 --tag=-part2`) merged with `--merge part1.json part2.json --out ablation-<date>.json`. Only the buckets timed are
 captured (decode 1, prefill batch x chunk).
 Writes OUT/ablation-<date>[-dry].json, OUT/ablation-<date>[-dry].png (two panels: decode ms and prefill ms per row;

@@ -51,9 +51,9 @@ from beamc.spec import load_spec  # noqa: E402
 from beamc.spec.load import parse_spec  # noqa: E402
 
 GB = 1e9
-SKIPPED = ("tensor parallelism simulated: one GPU holds one rank's share (rank 0); the all-reduces run as local copies "
-           "(no torch.distributed) and the logits all-gather as a copy of this rank's vocabulary share, so the "
-           "times exclude all communication")
+SKIPPED = ("tensor parallelism simulated: one GPU holds one rank's share (rank 0); the all-reduces (in place) are "
+           "skipped (no torch.distributed; the ablation's rows without allreduce_norm copy instead) and the logits "
+           "all-gather is a copy of this rank's vocabulary share, so the times exclude all communication")
 
 
 def bench_spec(path: Path, context: int, chunk: int, experts: str | None):  # chunk: the positions after context

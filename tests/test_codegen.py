@@ -85,6 +85,10 @@ def test_manifest_records_the_experts_relayout(tiny_spec_bf16):
         "down_proj.weight_scale", "down_proj.weight_scale_2")] and len(lt["params"]) == 30
     decode = [n for n, k in man["kernels"].items() if k["template"] == "moe_nvfp4_decode.py.j2"]
     assert lt["function"] == [f"kernels/{decode[0]}.py: relayout"]
+    # at TP 2 the combine_experts pass gives the experts' op a moe_combine launch too (it reads no expert weight):
+    # every MoE layer is still re-laid out (a reader of the op's other inputs once kept them in ModelOpt's bytes)
+    tp2 = compile_package(tiny, tp=2, passes=ALL, phases=("decode", "prefill")).manifest()
+    assert tp2["load_transforms"]["moe_experts"]["layers"] == [3, 4, 5, 6, 7]
     for k in man["kernels"].values():
         if k["template"].startswith("moe_nvfp4"):
             layouts = {w["param"].rsplit(".", 1)[-1]: w["layout"] for w in k["weights"]}

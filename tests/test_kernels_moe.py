@@ -339,6 +339,50 @@ def check_moe(label: str, tiny, kdir, pdl: bool = False) -> dict:
     return dict(rel_err=err, h_rel_err=h_err, mp=mod.constexprs(T, relaid)["MP"])
 
 
+# COMBINE render (the combine_experts pass): (tp, constants over the tiny spec's, T, relaid, routing, routed scale)
+MOE_COMBINE_CASES = {
+    "tp1-T1-relaid-x2.5": (1, None, 1, True, "distinct", 2.5),
+    "tp2-T3-raw-shared": (2, None, 3, False, "shared", None),
+    "E5-T3-k3-relaid-bad-ids": (1, _odd(5, 384, 96, 3), 3, True, "bad", 2.5),
+    "E7-T2-k2-relaid-one-expert": (1, _odd(7, 128, 32, 2), 2, True, "one", None),
+}
+
+
+def check_moe_combine(label: str, tiny, kdir) -> dict:
+    """The COMBINE render (stage 1 combines the token's choices) against the reference's experts, then
+    `moe_combine_ref`, then the routed scale (what `REFS["moe_experts"]` does with `combine`); and against the
+    plain render followed by the moe_combine kernel (the launches the emitter uses at larger T)."""
+    from beamc.ir.reference import moe_combine_ref
+
+    tp, extra, T, relaid, kind, scale = MOE_COMBINE_CASES[label]
+    c = dict(moe_constants(tiny, tp, "f32"), **(extra or {}))
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=scale)), kdir)
+    plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
+    comb = load_kernel(KernelSpec("moe_combine", "moe_experts", dict(DTYPE="f32", H=c["H"], TOP_K=c["TOP_K"],
+                                                                      ROUTED_SCALE=scale)), kdir)
+    E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
+    g = torch.Generator().manual_seed(len(label) + T)
+    params = nvfp4_experts(E, H, I, g)
+    x = torch.randn(T, H, generator=g)
+    idx = _idx(kind, T, E, k, g)
+    w = torch.rand(T, k, generator=g) + 0.05
+    ps = mod.relayout(params) if relaid else params
+    out = torch.full((T, H), float("nan"))
+    n = mod.scratch_numel(T)
+    scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
+    mod.launch(x, idx, *ps, w, out, scratch)
+    assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
+    ref = moe_combine_ref(y_reference(x, idx, params), w, idx)
+    ref = ref * scale if scale is not None else ref
+    y = torch.full((T, k, H), float("nan"))
+    plain.launch(x, idx, *ps, y)
+    two = torch.full((T, H), float("nan"))
+    comb.launch(y, w, idx, two)
+    err, err_two = rel_max(out, ref), rel_max(out, two)
+    assert torch.isfinite(out).all() and err < 1e-5 and err_two < 1e-5, (err, err_two)
+    return dict(rel_err=err, rel_err_vs_two_launches=err_two)
+
+
 def _interpreter_bf16_rounding():
     """How the interpreter converts fp32 to bf16 (Triton 3.9's rounds toward zero; cvt.rn on a GPU rounds to
     nearest even), probed with one value: a function applying the same rounding in torch."""
@@ -419,6 +463,14 @@ def test_moe_nvfp4_decode_pdl_render_interpreted(case, interpreted):
     _check(interpreted, f"moe[{case}]")
 
 
+@pytest.mark.parametrize("case", list(MOE_COMBINE_CASES))
+def test_moe_nvfp4_decode_combine_render_matches_reference(case, interpreted):
+    """COMBINE: the top-k combine (x routed scale) in stage 1 equals the reference's combine of the experts and the
+    two-launch route (plain render, then moe_combine): odd expert counts, top-k 2 / 3, shared experts, a token routed
+    to one expert from two slots, ids outside [0, E)."""
+    _check(interpreted, f"combine[{case}]")
+
+
 def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
     """bf16 in the interpreter equals the reference's rounding points (with the interpreter's bf16 conversion)."""
     _check(interpreted, "moe[tp2-T3-bf16]")
@@ -433,7 +485,8 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     return [("full-tp8", moe_constants(full, 8), (1, True)), ("full-tp8,raw", moe_constants(full, 8), (1, False)),
             ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
-            ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True))]
+            ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
+            ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True))]
 
 
 def _local_bytes(cubin: bytes) -> int | None:
@@ -500,8 +553,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["local"] in (0, None), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 14
-    assert sum(r["pdl"] for r in results) == 12
+    assert len(results) == 2 * len(_variants()) == 16
+    assert sum(r["pdl"] for r in results) == 14
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR
@@ -509,6 +562,7 @@ def _interpreter_cases():
     yield from ((f"moe[{case}]", lambda *a, case=case: check_moe(case, *a), ()) for case in MOE_CASES)
     yield "moe[tp1-T3-relaid+pdl]", lambda *a: check_moe("tp1-T3-relaid", *a, pdl=True), ()
     yield "moe[tp2-T3-bf16]", check_moe_bf16, (2, 3)
+    yield from ((f"combine[{case}]", lambda *a, case=case: check_moe_combine(case, *a), ()) for case in MOE_COMBINE_CASES)
     yield "ptx[raw]", check_ptx, (False,)
     yield "ptx[relaid]", check_ptx, (True,)
     yield "relayout", check_relayout, ()

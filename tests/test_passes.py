@@ -189,3 +189,36 @@ def test_attention_gate_fuses_only_a_gate_of_an_attention_output(tiny_spec):
     gate = next(n for n in h.compute_nodes() if n.op == "sigmoid_gate")
     h.outputs["extra_attention_out"] = gate.inputs[0]
     assert run_passes([h], ["attention_gate"]).matches("attention_gate") == L - 1
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_combine_experts_moves_the_combine_into_the_experts_at_tp2(tiny_spec, rank_weights, dtype):
+    """combine_experts (after allreduce_norm made boundaries with combine + all-reduce): at TP 2 every MoE layer's
+    moe_experts takes the routing weights and returns the rank's combined [T, H] (x routed_scale); its boundary
+    keeps only the all-reduce and the norms. Op counts before / after, the attributes moved, nothing matched at
+    TP 1 (the boundary combines in its own kernel there) or without allreduce_norm; and the interpretation bit for
+    bit the same as with the passes before it only."""
+    before = [p for p in ALL if p != "combine_experts"]
+    g = lower(tiny_spec, LowerOptions(tp=2))
+    run_passes([g], before)
+    ops0 = Counter(n.op for n in g.compute_nodes())
+    rep = run_passes([g], ["combine_experts"])
+    ops1 = Counter(n.op for n in g.compute_nodes())
+    moe_layers = sum(1 for n in g.compute_nodes() if n.op == "moe_router")
+    assert moe_layers >= 1 and rep.matches("combine_experts") == moe_layers
+    assert ops0 == ops1  # the same ops (moe_experts and boundary rebuilt with other attributes)
+    ex = [n for n in g.compute_nodes() if n.op == "moe_experts"]
+    assert all(n.attrs["combine"] and n.attrs["routed_scale"] == float(tiny_spec.mlp.moe.routed_scaling) for n in ex)
+    assert all(n.out.shape == (n.inputs[0].shape[0], n.inputs[0].shape[1]) and n.inputs[-1].dtype == "f32"
+               for n in ex)
+    b = [n for n in g.compute_nodes() if n.op == "boundary" and n.inputs[0].producer in ex]
+    assert len(b) == moe_layers and all(n.attrs["allreduce"] and not n.attrs["combine"]
+                                        and n.attrs["routed_scale"] is None for n in b)
+    assert run_passes([g], ["combine_experts"]).matches("combine_experts") == 0  # idempotent
+    one = lower(tiny_spec, LowerOptions(tp=1))
+    assert run_passes([one], before + ["combine_experts"]).matches("combine_experts") == 0
+    bare = lower(tiny_spec, LowerOptions(tp=2))
+    assert run_passes([bare], ["combine_experts"]).matches("combine_experts") == 0
+    w = rank_weights[dtype, 2]
+    for x, y in zip(_run(tiny_spec, w, 2, dtype, before), _run(tiny_spec, w, 2, dtype, ALL)):
+        assert torch.equal(x, y)

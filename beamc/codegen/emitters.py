@@ -233,6 +233,22 @@ MOE_DEQUANT_MIN_TOKENS = 4096
 # scratch at TP 8), the down GEMM on bf16 tiles over whole row blocks: 16,384 tokens 3,942 us against 4,386 (s8run5;
 # the one token count measured: below it the DEQUANT render)
 MOE_DEQUANT_DOWN_MIN_TOKENS = 16384
+# Up to this many tokens (the combine_experts pass), the decode kernel's COMBINE render: the top-k combine in its down
+# GEMM's epilogue, one launch less. Measured on the H200 2026-12-01 (bench/results/moe-combine-2026-12-01-s10run5.json,
+# re-laid-out weights, us per MoE layer in a CUDA graph of 8 layers, two launches / COMBINE, bits equal): T = 1 20.4 /
+# 21.1, 2 30.0 / 29.8, 4 52.0 / 46.6, 8 96.9 / 87.3. In the whole decode step (T = 1) it measured slower too, but those
+# runs (full-model-2026-12-01-s10run{3,4,5}*.json) had lost the experts' relayout (a moe_combine launch of the op was
+# counted as a reader of its weights; fixed in `Package.nvfp4_relayouts`): not measured in the step as it now compiles.
+# Off (0) until it is; the pass still moves the combine into the op, and the emitter then runs the two launches as
+# before it.
+MOE_COMBINE_MAX_TOKENS = 0
+MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS, "basis": "measured",
+                      "figures": [{"tokens": t, "two_launches_us": a, "combine_us": b}
+                                  for t, a, b in ((1, 20.38, 21.07), (2, 29.99, 29.79), (4, 51.97, 46.64),
+                                                  (8, 96.94, 87.31))],
+                      "in_step": "not measured with the experts re-laid out (the s10 runs lost the relayout)",
+                      "source": "bench/results/moe-combine-2026-12-01-s10run5.json, "
+                                "full-model-2026-12-01-s10run5-combine.json"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}
@@ -249,6 +265,8 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     native block-scaled NVFP4 path); on sm90 from MOE_DEQUANT_MIN_TOKENS on, the same kernel's DEQUANT render (the
     gate_up weights dequantised once per step), from MOE_DEQUANT_DOWN_MIN_TOKENS on with DEQUANT_DOWN (the down weights
     too). Dense (bf16) experts: the reference loop over experts."""
+    if node.attrs.get("combine"):
+        return _moe_experts_combine(node, g, ctx)
     fmt = node.attrs["format"]
     if fmt != "nvfp4":
         return [library(node, f"moe_experts_{fmt}", "the reference loop over experts (torch): generated MoE kernels "
@@ -269,6 +287,37 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     small = kernel(node, "moe_nvfp4_decode", ctx, **dims)
     return [dataclasses.replace(small, max_tokens=MOE_DECODE_MAX_TOKENS),
             dataclasses.replace(out[0], min_tokens=MOE_DECODE_MAX_TOKENS + 1)] + out[1:]
+
+
+def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
+    """moe_experts with `combine` (the combine_experts pass): up to MOE_COMBINE_MAX_TOKENS tokens the decode kernel's
+    COMBINE render (the combine in its down GEMM's epilogue); above, the experts' launches as without the pass into
+    a scratch buffer [T, top_k, H], then the `moe_combine` kernel (what the boundary ran before the pass)."""
+    a = node.attrs
+    *ins, w = node.inputs
+    x, idx = ins[:2]
+    out = node.outputs[0]
+    y = Value("experts", (x.shape[0], idx.shape[1], last_dim(x)), x.dtype)
+    s = "scratch:moe_experts"
+    plain = Node("moe_experts", ins, [y], {k: v for k, v in a.items() if k not in ("combine", "routed_scale")},
+                 layer=node.layer)
+    runs = [dataclasses.replace(ln, args=ln.args[:-1] + (s,), scratch=((s, tuple(y.shape), y.dtype),))
+            for ln in _moe_experts(plain, g, ctx)]
+    combine = dataclasses.replace(kernel(node, "moe_combine", ctx, args=(s, w.name, idx.name, out.name),
+                                         H=last_dim(x), TOP_K=idx.shape[1], ROUTED_SCALE=a["routed_scale"]),
+                                  min_tokens=MOE_COMBINE_MAX_TOKENS + 1, choice=MOE_COMBINE_CHOICE)
+    fused = next((ln for ln in runs if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"), None)
+    if fused is None or MOE_COMBINE_MAX_TOKENS < 1 or idx.shape[1] > 8:  # (top-k > 8: not measured)
+        return runs + [dataclasses.replace(combine, min_tokens=0)]
+    fused = dataclasses.replace(kernel(node, "moe_nvfp4_decode", ctx, args=io(node), **fused.kernel.constants,
+                                       COMBINE=True, ROUTED_SCALE=a["routed_scale"]),
+                                max_tokens=MOE_COMBINE_MAX_TOKENS, choice=MOE_COMBINE_CHOICE)
+    rest = []
+    for ln in runs:  # the same launches from MOE_COMBINE_MAX_TOKENS + 1 tokens on
+        if ln.max_tokens is not None and ln.max_tokens <= MOE_COMBINE_MAX_TOKENS:
+            continue
+        rest.append(dataclasses.replace(ln, min_tokens=max(ln.min_tokens, MOE_COMBINE_MAX_TOKENS + 1)))
+    return [fused] + rest + [combine]
 
 
 def attention_decode_tiles(window: int) -> dict:

@@ -202,6 +202,11 @@ def expert_dims(ins: list[Value], fmt: str) -> tuple:
 
 def _experts_infer(ins, attrs) -> Types:
     fmt = attrs["format"]
+    combine = attrs.get("combine", False)  # (the combine_experts pass: w [T, top_k] f32 last, out [T, H])
+    if combine:
+        w, ins = ins[-1], ins[:-1]
+        _check(w.dtype == "f32" and tuple(w.shape) == tuple(ins[1].shape),
+               f"moe_experts with combine: routing weights {w.shape} {w.dtype}, ids {ins[1].shape}")
     _check(fmt in EXPERT_FORMATS and len(ins) == 2 + len(EXPERT_FORMATS[fmt]),
            f"moe_experts: format {fmt!r} with {len(ins) - 2} weight inputs")
     x, idx = ins[:2]
@@ -212,11 +217,12 @@ def _experts_infer(ins, attrs) -> Types:
         _check(codes.dtype == "e2m1x2" and bs.dtype == "f8e4m3" and gs.dtype == "f32",
                f"nvfp4 gate_up: codes {codes.dtype}, block scales {bs.dtype}, global scales {gs.dtype}")
         _check(ins[5].shape[:2] == (E, H) and tuple(ins[6].shape[:2]) == (E, H), "nvfp4 down: shape")
-    return [((x.shape[0], idx.shape[1], H), x.dtype)]
+    return [((x.shape[0], H) if combine else (x.shape[0], idx.shape[1], H), x.dtype)]
 
 
 register("moe_experts", _experts_infer,
-         "per (token, choice): down(swiglu(gate_up(x))) of the chosen expert; NVFP4 weights dequantised in place")
+         "per (token, choice): down(swiglu(gate_up(x))) of the chosen expert; NVFP4 weights dequantised in place "
+         "(with `combine`: then the rank's top-k combine with the routing weights, x routed_scale)")
 register("moe_combine", lambda i, a: [((i[0].shape[0], i[0].shape[2]), i[0].dtype)],
          "weighted sum of the top-k expert outputs")
 

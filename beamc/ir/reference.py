@@ -345,7 +345,16 @@ def moe_experts_ref(x, idx, *params, fmt: str = "dense") -> torch.Tensor:
     return out
 
 
-REFS["moe_experts"] = lambda t, a: (moe_experts_ref(*t, fmt=a["format"]),)
+def _moe_experts(t, a):
+    """moe_experts; with `combine` (inputs ..., w last) the rank's combine and routed scale, as `boundary` does them."""
+    if not a.get("combine"):
+        return (moe_experts_ref(*t, fmt=a["format"]),)
+    *ins, w = t
+    sub = moe_combine_ref(moe_experts_ref(*ins, fmt=a["format"]), w, ins[1])
+    return (sub * a["routed_scale"] if a.get("routed_scale") is not None else sub,)
+
+
+REFS["moe_experts"] = _moe_experts
 
 
 def moe_combine_ref(y, w, idx) -> torch.Tensor:

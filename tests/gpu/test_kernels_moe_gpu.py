@@ -108,6 +108,48 @@ def test_moe_nvfp4_decode_matches_reference(T, relaid, pdl, kind, tmp_path_facto
     assert (y[bad] == 0).all()
 
 
+@pytest.mark.parametrize("T,relaid,kind", [(1, True, "distinct"), (3, True, "bad"), (8, True, "skewed"),
+                                            (1, False, "distinct")])
+def test_moe_nvfp4_decode_combine_render(T, relaid, kind, tmp_path_factory):
+    """The COMBINE render (the combine_experts pass: the top-k combine x 2.5 in stage 1) against the fp32
+    reference's combine (relative error < 1e-2) and against the two launches it replaces (the plain render, then
+    the moe_combine kernel): the same rounding points, so the bits should agree but for sums in another order."""
+    from beamc.ir.reference import moe_combine_ref
+
+    c = _constants()
+    if ("combine",) not in _CACHE:
+        d = tmp_path_factory.mktemp("moe_combine")
+        _CACHE[("combine",)] = (
+            load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=2.5)), d),
+            load_kernel(KernelSpec("moe_combine", "moe_experts", dict(DTYPE="bf16", PDL=True, H=c["H"],
+                                                                       TOP_K=c["TOP_K"], ROUTED_SCALE=2.5)), d))
+    fused, comb = _CACHE[("combine",)]
+    plain = _module(None, tmp_path_factory)
+    g = torch.Generator().manual_seed(100 + T)
+    x = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
+    idx = _idx(kind, T, c, g).cuda()
+    w = (torch.rand(T, c["TOP_K"], generator=g) + 0.05).cuda()
+    params = _weights(relaid, plain)
+    out = torch.full((T, c["H"]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    h = torch.full((fused.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fused.launch(x, idx, *params, w, out, h)
+    y = torch.full((T, c["TOP_K"], c["H"]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    plain.launch(x, idx, *params, y)
+    two = torch.full_like(out, float("nan"))
+    comb.launch(y, w, idx, two)
+    torch.cuda.synchronize()
+    ref = moe_combine_ref(y_reference(x.float(), idx, _weights(False)), w, idx) * 2.5
+    err, equal = _rel(out, ref), (out.view(torch.int16) == two.view(torch.int16)).float().mean().item()
+    line = dict(T=T, relaid=relaid, routing=kind, rel_err=err, rel_err_two_launches=_rel(two, ref),
+                bits_equal_two_launches=equal,
+                h_rel_err=_rel(h.view(T, c["TOP_K"], c["I"]), h_reference(x, idx, _weights(False))))
+    SUMMARY.setdefault("moe_nvfp4_decode_combine", []).append(line)
+    print(f"moe_nvfp4_decode COMBINE T={T} relaid={relaid} {kind}: rel err {err:.2e}, {equal:.2%} bits equal to "
+          f"the two launches")
+    assert torch.isfinite(out).all() and err < 1e-2 and line["rel_err_two_launches"] < 1e-2, line
+    assert line["h_rel_err"] < 1e-2, line
+
+
 def test_moe_nvfp4_decode_cuda_graph(tmp_path_factory):
     """Captured once with fixed buffers (x, idx, y, scratch), replayed with new x and idx copied in: the same bits
     as a direct launch."""
