@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
                         "experts too (0.84 GB more) (on by default: the MoE experts 6.45 -> 3.94 ms per layer at "
                         "16,384 tokens on the H200); --no-moe-dequant: the dequantisation stays in the GEMMs' loops "
                         "at every size")
+    c.add_argument("--moe-combine-max-tokens", type=int, default=None, metavar="N",
+                   help="at TP > 1, steps of up to N tokens run the MoE decode kernel's COMBINE render (the top-k "
+                        "combine and x2.5 in its down GEMM's epilogue: one launch less per MoE layer); larger steps "
+                        "the expert kernels then moe_combine. Default: off (0) until measured in the whole step on "
+                        "the H200 (docs/perf-log.md, tenth session)")
     c.add_argument("--attention-mirror", type=_mirror_pages, default=None, metavar="PAGES|auto",
                    help="full-attention prefill over an fp8 KV cache converts the step's K/V once into a bf16 "
                         "mirror of PAGES pages per launch (2 x PAGES x page size x KV heads x head dim x 2 bytes of "

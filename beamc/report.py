@@ -232,7 +232,8 @@ def compile_command(args: argparse.Namespace) -> None:
         pkg = compile_package(spec, target=args.target, tp=args.tp, rank=args.rank, passes=names, pdl=args.pdl,
                               nvfp4_relayout=getattr(args, "nvfp4_relayout", True),
                               moe_dequant=getattr(args, "moe_dequant", True),
-                              attention_mirror_pages=getattr(args, "attention_mirror", None))
+                              attention_mirror_pages=getattr(args, "attention_mirror", None),
+                              moe_combine_max_tokens=getattr(args, "moe_combine_max_tokens", None))
         out = pkg.write(args.output)
         lib = sum(1 for st in pkg.steps.values() for _, ln in st.launches if ln.kernel is None)
         print(f"wrote {out}: {len(pkg.kernels)} generated kernels ({args.target}), step.py "

@@ -190,6 +190,9 @@ def device_for(a: argparse.Namespace) -> torch.device:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(ap, steps=40, reps=5)
+    ap.add_argument("--moe-combine-max-tokens", type=int, default=None, metavar="N",
+                    help="compile with `beamc compile --moe-combine-max-tokens N` (the MoE decode kernel's COMBINE "
+                         "render up to N tokens; default: the compiler's)")
     ap.add_argument("--profile", choices=("all", "decode"), default="all",
                     help="which steps to profile by layer kind (the prefill profile takes ~40 s on an H200)")
     a = ap.parse_args(argv)
@@ -213,8 +216,10 @@ def main(argv=None) -> dict:
                      "max_position_embeddings": spec.max_position_embeddings}
     package = compile_package(spec, tp=a.tp, rank=0, passes=select_passes("all"),
                               dtype="f32" if a.dry else None, nvfp4_relayout=a.nvfp4_relayout,
-                              attention_mirror_pages=None if a.attention_mirror else 0)
+                              attention_mirror_pages=None if a.attention_mirror else 0,
+                              moe_combine_max_tokens=a.moe_combine_max_tokens)
     facts["attention_mirror_pages"] = package.attention_mirror_pages
+    facts["moe_combine_max_tokens"] = a.moe_combine_max_tokens
     tmp = tempfile.TemporaryDirectory(prefix="beam-full-")
     pkg = package.write(Path(tmp.name) / "pkg")
     facts["compile_s"] = round(time.perf_counter() - t0, 1)

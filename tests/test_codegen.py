@@ -233,3 +233,24 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
     assert 0 < long.attention_mirror_pages * per_page <= MIRROR_AUTO_BYTES < (long.attention_mirror_pages + 1) * per_page
     data["dtypes"]["kv_cache"] = "bfloat16"
     assert compile_package(parse_spec(data), passes=ALL, phases=("prefill",)).attention_mirror_pages == 0
+
+
+def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
+    """`moe_combine_max_tokens` (`beamc compile --moe-combine-max-tokens N`): at TP 2, steps of up to N tokens take the
+    MoE decode kernel's COMBINE render and no moe_combine launch, larger steps the experts then moe_combine; 0 (the
+    default now) the latter at every size; the manifest records it; a negative count is refused by name."""
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+    pkg = compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=4)
+    moe = [ln for n, ln in pkg.steps["decode"].launches if n.op == "moe_experts"]
+    fused = [ln for ln in moe if ln.kernel is not None and ln.kernel.constants.get("COMBINE")]
+    combine = [ln for ln in moe if ln.kernel is not None and ln.kernel.template == "moe_combine"]
+    assert fused and all(ln.runs_for(4) and not ln.runs_for(5) for ln in fused)
+    assert combine and all(ln.runs_for(5) and not ln.runs_for(4) for ln in combine)
+    for T in (1, 4, 5, 64, 65, 20000):  # every token count runs the experts exactly once per MoE layer
+        assert sum(ln.runs_for(T) and ln.kernel.template.startswith("moe_nvfp4") for ln in moe) == len(combine), T
+    assert pkg.manifest()["moe_combine_max_tokens"] == 4
+    off = compile_package(tiny, tp=2, passes=ALL, phases=("decode",))
+    assert not any(ln.kernel is not None and ln.kernel.constants.get("COMBINE")
+                   for _, ln in off.steps["decode"].launches)
+    with pytest.raises(BeamcError, match="--moe-combine-max-tokens"):
+        compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=-1)

@@ -482,7 +482,9 @@ def test_sampling_greedy_temperature_top_p():
 # ---------------------------------------------------------------- TP 2: one process per rank, torch.distributed
 def _tp_rank_main(out: str, spec_yaml: str, ckpt: str, rank: int, port: int) -> None:
     """One rank's process (TRITON_INTERPRET=1, gloo): its TP-2 package and weights, a ragged prefill and a decode
-    step; the all-reduces and the logits all-gather go through torch.distributed. Writes the logits."""
+    step; the all-reduces (in place) and the logits all-gather go through torch.distributed. The package runs the
+    MoE decode kernel's COMBINE render up to 2 tokens (the decode step) and the experts + moe_combine above (the
+    prefill). Writes the logits."""
     import torch.distributed as dist
 
     from beamc.codegen.package import compile_package
@@ -492,8 +494,8 @@ def _tp_rank_main(out: str, spec_yaml: str, ckpt: str, rank: int, port: int) -> 
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
     spec = load_spec(spec_yaml)
-    pkg = compile_package(spec, tp=2, rank=rank, passes=select_passes("all"), dtype="f32").write(
-        Path(out).parent / f"pkg_rank{rank}")
+    pkg = compile_package(spec, tp=2, rank=rank, passes=select_passes("all"), dtype="f32",
+                          moe_combine_max_tokens=2).write(Path(out).parent / f"pkg_rank{rank}")
     m = Model.load(pkg, ckpt, device="cpu", tp=2, rank=rank, max_batch=2, max_context=16, max_prefill_tokens=8,
                    prefill_buckets=[8])
     seqs = [_ids(5, 30), _ids(2, 31)]

@@ -290,12 +290,15 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 
 
 def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    """moe_experts with `combine` (the combine_experts pass): up to MOE_COMBINE_MAX_TOKENS tokens the decode kernel's
-    COMBINE render (the combine in its down GEMM's epilogue); above, the experts' launches as without the pass into
-    a scratch buffer [T, top_k, H], then the `moe_combine` kernel (what the boundary ran before the pass)."""
+    """moe_experts with `combine` (the combine_experts pass): up to `most` tokens (`ctx.moe_combine_max_tokens`, by
+    default MOE_COMBINE_MAX_TOKENS; at most the decode kernel's range) the decode kernel's COMBINE render (the combine
+    in its down GEMM's epilogue); above, the experts' launches as without the pass into a scratch buffer
+    [T, top_k, H], then the `moe_combine` kernel (what the boundary ran before the pass)."""
     a = node.attrs
     *ins, w = node.inputs
     x, idx = ins[:2]
+    most = MOE_COMBINE_MAX_TOKENS if ctx.moe_combine_max_tokens is None else ctx.moe_combine_max_tokens
+    most = min(most, MOE_DECODE_MAX_TOKENS)
     out = node.outputs[0]
     y = Value("experts", (x.shape[0], idx.shape[1], last_dim(x)), x.dtype)
     s = "scratch:moe_experts"
@@ -305,18 +308,18 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
             for ln in _moe_experts(plain, g, ctx)]
     combine = dataclasses.replace(kernel(node, "moe_combine", ctx, args=(s, w.name, idx.name, out.name),
                                          H=last_dim(x), TOP_K=idx.shape[1], ROUTED_SCALE=a["routed_scale"]),
-                                  min_tokens=MOE_COMBINE_MAX_TOKENS + 1, choice=MOE_COMBINE_CHOICE)
+                                  min_tokens=most + 1, choice=MOE_COMBINE_CHOICE)
     fused = next((ln for ln in runs if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"), None)
-    if fused is None or MOE_COMBINE_MAX_TOKENS < 1 or idx.shape[1] > 8:  # (top-k > 8: not measured)
+    if fused is None or most < 1 or idx.shape[1] > 8:  # (top-k > 8: not measured)
         return runs + [dataclasses.replace(combine, min_tokens=0)]
     fused = dataclasses.replace(kernel(node, "moe_nvfp4_decode", ctx, args=io(node), **fused.kernel.constants,
                                        COMBINE=True, ROUTED_SCALE=a["routed_scale"]),
-                                max_tokens=MOE_COMBINE_MAX_TOKENS, choice=MOE_COMBINE_CHOICE)
+                                max_tokens=most, choice=MOE_COMBINE_CHOICE)
     rest = []
-    for ln in runs:  # the same launches from MOE_COMBINE_MAX_TOKENS + 1 tokens on
-        if ln.max_tokens is not None and ln.max_tokens <= MOE_COMBINE_MAX_TOKENS:
+    for ln in runs:  # the same launches from most + 1 tokens on
+        if ln.max_tokens is not None and ln.max_tokens <= most:
             continue
-        rest.append(dataclasses.replace(ln, min_tokens=max(ln.min_tokens, MOE_COMBINE_MAX_TOKENS + 1)))
+        rest.append(dataclasses.replace(ln, min_tokens=max(ln.min_tokens, most + 1)))
     return [fused] + rest + [combine]
 
 

@@ -66,6 +66,9 @@ class Package:
     # once per step into scratch, from MOE_DEQUANT_DOWN_MIN_TOKENS the down weights too (on by default since the H200
     # runs of 2026-12-01; off: `--no-moe-dequant`)
     moe_dequant: bool = True
+    # up to this many tokens the MoE decode kernel's COMBINE render (the combine_experts pass's op); None: the
+    # emitter's default (`emitters.MOE_COMBINE_MAX_TOKENS`, 0: off until measured in the step); `--moe-combine-max-tokens`
+    moe_combine_max_tokens: int | None = None
     # > 0: full-attention prefill over fp8 caches converts the step's K/V once into a bf16 mirror of this many pages
     # (`--attention-mirror PAGES|auto`; auto by default since the H200 run of 2026-12-01: `auto_mirror_pages`)
     attention_mirror_pages: int = 0
@@ -155,6 +158,7 @@ class Package:
             "steps": {p: {"launches": len(st.launches), "scratch": _scratch(st)} for p, st in self.steps.items()},
             "nvfp4_relayout": self.nvfp4_relayout,
             "moe_dequant": self.moe_dequant,
+            "moe_combine_max_tokens": self.moe_combine_max_tokens,
             "attention_mirror_pages": self.attention_mirror_pages,
             "load_transforms": self.load_transforms(),
         }
@@ -265,13 +269,15 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
                     nvfp4_relayout: bool = True, moe_dequant: bool = True,
-                    attention_mirror_pages: int | None = None) -> Package:
+                    attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None) -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
     and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
     `nvfp4_relayout`: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (on by default: see
     `Package.nvfp4_relayout`); recorded in the manifest. `moe_dequant`: prefills of many tokens take the MoE render
     that dequantises the gate_up weights once per step (`emitters.MOE_DEQUANT_MIN_TOKENS`); recorded likewise.
+    `moe_combine_max_tokens`: up to this many tokens the MoE decode kernel combines the top-k in its down epilogue (at
+    TP > 1, the combine_experts pass); None: `emitters.MOE_COMBINE_MAX_TOKENS`; recorded likewise.
     `attention_mirror_pages` > 0: full-attention prefill over fp8 caches through a bf16 mirror of that many pages
     (attention_prefill's MIRROR), 0: off, None (the default): `auto_mirror_pages`; recorded likewise."""
     if target not in TARGETS:
@@ -282,8 +288,11 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                          "give a page count >= 0 (0: off) or auto")
     if attention_mirror_pages is None:
         attention_mirror_pages = auto_mirror_pages(spec, compiled.graphs[phases[0]][0])
+    if moe_combine_max_tokens is not None and moe_combine_max_tokens < 0:
+        raise BeamcError("--moe-combine-max-tokens", f"{moe_combine_max_tokens} tokens", "give a count >= 0 (0: off)")
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
-                  moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages)
+                  moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages,
+                  moe_combine_max_tokens=moe_combine_max_tokens)
     steps, kernels = {}, {}
     for phase in phases:
         g = compiled.graphs[phase][0]
@@ -302,4 +311,4 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     pools = [n.out.shape for n in steps[phases[0]].graph.leaves("state").values() if n.out.shape[0] == "P"]
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
                    page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant,
-                   attention_mirror_pages=attention_mirror_pages)
+                   attention_mirror_pages=attention_mirror_pages, moe_combine_max_tokens=moe_combine_max_tokens)

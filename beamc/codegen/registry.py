@@ -19,6 +19,8 @@ class Context:
     dtype: str  # activation IR dtype (bf16 for real packages; f32 for CPU test instances)
     pdl: bool = True  # Programmatic Dependent Launch in every bf16 kernel (verified on the H200: same bits, faster)
     moe_dequant: bool = True  # long prefills: the MoE gate_up weights dequantised once per step (`emitters`)
+    moe_combine_max_tokens: int | None = None  # up to this many tokens the MoE decode kernel's COMBINE render (a
+    # moe_experts op with `combine`); None: `emitters.MOE_COMBINE_MAX_TOKENS`
     attention_mirror_pages: int = 0  # > 0: full-attention prefill over fp8 caches through a bf16 mirror of this many
     # pages (attention_prefill's MIRROR; off by default until measured on the H200)
 

@@ -348,7 +348,8 @@ class Model:
                                        dtype="f32" if pdt == "f32" else None,
                                        nvfp4_relayout=bool(m.get("nvfp4_relayout", False)),
                                        moe_dequant=bool(m.get("moe_dequant", False)),
-                                       attention_mirror_pages=int(m.get("attention_mirror_pages", 0)))
+                                       attention_mirror_pages=int(m.get("attention_mirror_pages", 0)),
+                                       moe_combine_max_tokens=m.get("moe_combine_max_tokens"))
         if render_steps(self.package) != (pkg / "step.py").read_text():
             raise BeamcError(str(pkg / "step.py"), "differs from what this beamc generates for the package's spec "
                              "and passes (a stale or edited package)", "recompile the package")
