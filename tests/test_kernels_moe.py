@@ -40,7 +40,7 @@ import pytest
 import torch
 
 from beamc.checkpoint import nvfp4
-from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
+from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.ir.reference import REFS, expert_weights, swiglu_ref
 from beamc.spec import load_spec
 
@@ -517,13 +517,15 @@ def _compile(args) -> dict:
     mod.CONSTEXPRS = dict(mod.constexprs(T, relaid), INTERPRET=False)  # what the launcher launches with
     ck = aot_compile(mod, arch)
     ptx = ck.asm["ptx"]
+    # the other binaries the launcher launches (COMBINE: stage 1's own): compiled too, no local memory either
+    others = [_local_bytes(aot_compile(mod, arch, o).asm["cubin"]) for o in launch_options(mod)[1:]]
     programs = [1 * mod.TOP_K * -(-mod.I // mod.BLOCK_I), 1 * mod.TOP_K * -(-mod.H // mod.BLOCK_N)]  # T = 1
     return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 pdl=constants.get("PDL", True), options=dict(mod.OPTIONS), launch_pdl=bool(ck.metadata.launch_pdl),
                 programs=programs, full=label.startswith("full"), local=_local_bytes(ck.asm["cubin"]),
                 mma=len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
                 cp16=len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx)),
-                relaid=relaid, shf=ptx.count("shf.l.wrap.b32"), bf16x2=ptx.count("mul.rn.bf16x2"),
+                relaid=relaid, shf=ptx.count("shf.l.wrap.b32"), bf16x2=ptx.count("mul.rn.bf16x2"), others=others,
                 **pdl_facts(ptx))
 
 
@@ -550,7 +552,7 @@ def test_aot_compile_every_variant(tmp_path):
         # 4 bf16x2 multiplies per decoded word; the re-laid-out words' rotates (shf.l.wrap) only there
         assert r["mma"] >= 2 and r["bf16x2"] >= 8 and r["bf16x2"] % 4 == 0, r
         assert (r["shf"] >= r["bf16x2"]) if r["relaid"] else r["shf"] == 0, r
-        assert r["local"] in (0, None), r
+        assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
     assert len(results) == 2 * len(_variants()) == 16

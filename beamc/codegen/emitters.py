@@ -89,7 +89,7 @@ AR_PENDING = "NCCL through torch.distributed (the fused all-reduce is a later is
 def _only_reader(g: Graph, v: Value, node: Node) -> bool:
     """Whether `node` is the only op reading `v`, `v` is not a step output and not a view of another buffer (so it
     may be overwritten in place)."""
-    made_by = next((n for n in g.nodes if any(o is v for o in n.outputs)), None)
+    made_by = v.producer
     return ([n is node for n in g.users().get(v, [])] == [True] and all(o is not v for o in g.outputs.values())
             and made_by is not None and not OPS[made_by.op].is_view and not OPS[made_by.op].leaf)
 
