@@ -383,6 +383,32 @@ def check_moe_combine(label: str, tiny, kdir) -> dict:
     return dict(rel_err=err, rel_err_vs_two_launches=err_two)
 
 
+def check_emitted_tp2(tiny, kdir) -> dict:
+    """The launches the emitter gives a TP-2 `moe_experts` with `combine` (the combine_experts pass), on fresh random
+    inputs against the op's reference (`beamc.codegen.check.check_node`): up to --moe-combine-max-tokens the COMBINE
+    render alone, above it the plain render then moe_combine, and for bf16 experts the library loop then moe_combine."""
+    from beamc.codegen.check import check_node
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import PASSES
+    from conftest import spec_variant
+
+    out = {}
+    for experts, most, T, want in (("nvfp4", 2, 1, ["moe_nvfp4_decode"]),
+                                   ("nvfp4", 2, 3, ["moe_nvfp4_decode", "moe_combine"]),
+                                   ("bfloat16", None, 3, ["moe_experts_dense", "moe_combine"])):
+        spec = tiny if experts == "nvfp4" else spec_variant(tiny, {"dtypes.experts": experts})
+        pkg = compile_package(spec, tp=2, passes=list(PASSES), phases=("decode",), dtype="f32",
+                              moe_combine_max_tokens=most)
+        node, lns = next((n, ls) for n, ls in pkg.steps["decode"].by_node() if n.op == "moe_experts")
+        assert node.attrs["combine"] and [ln.kernel.template if ln.kernel else ln.library for ln in lns
+                                          if ln.runs_for(T)] == want, lns
+        sizes = {"T": T, "B": T, "R": 2, "S": 2, "E": spec.mlp.moe.num_experts, "V": spec.vocab_size}
+        c = check_node(node, lns, sizes, kernel_dir=kdir)
+        assert c.nan == 0 and c.max_rel < 1e-5, (experts, T, c)
+        out[f"{experts}-T{T}"] = c.max_rel
+    return out
+
+
 def _interpreter_bf16_rounding():
     """How the interpreter converts fp32 to bf16 (Triton 3.9's rounds toward zero; cvt.rn on a GPU rounds to
     nearest even), probed with one value: a function applying the same rounding in torch."""
@@ -469,6 +495,12 @@ def test_moe_nvfp4_decode_combine_render_matches_reference(case, interpreted):
     two-launch route (plain render, then moe_combine): odd expert counts, top-k 2 / 3, shared experts, a token routed
     to one expert from two slots, ids outside [0, E)."""
     _check(interpreted, f"combine[{case}]")
+
+
+def test_emitted_moe_experts_with_combine_at_tp2_equal_the_reference(interpreted):
+    """What the emitter launches for the combine_experts pass's op at TP 2 (COMBINE render; plain render + moe_combine;
+    bf16 experts' library loop + moe_combine) equals the op's reference on fresh random inputs."""
+    _check(interpreted, "emitted[tp2]")
 
 
 def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
@@ -565,6 +597,7 @@ def _interpreter_cases():
     yield "moe[tp1-T3-relaid+pdl]", lambda *a: check_moe("tp1-T3-relaid", *a, pdl=True), ()
     yield "moe[tp2-T3-bf16]", check_moe_bf16, (2, 3)
     yield from ((f"combine[{case}]", lambda *a, case=case: check_moe_combine(case, *a), ()) for case in MOE_COMBINE_CASES)
+    yield "emitted[tp2]", check_emitted_tp2, ()
     yield "ptx[raw]", check_ptx, (False,)
     yield "ptx[relaid]", check_ptx, (True,)
     yield "relayout", check_relayout, ()

@@ -60,7 +60,9 @@ def node_buffers(node: Node, sizes: dict[str, int], device, seed: int = 0) -> tu
     gen = torch.Generator(device=device).manual_seed(seed)  # drawn where used: the full vocab table is 1.5 GB
     ins = []
     for i, v in enumerate(node.inputs):
-        role = "routing_weights" if node.op == "boundary" and node.attrs.get("combine") and i == 1 else ""
+        weights_at = 1 if node.op == "boundary" else len(node.inputs) - 1  # (moe_experts with combine: the last)
+        role = "routing_weights" if node.op in ("boundary", "moe_experts") and node.attrs.get("combine") \
+            and i == weights_at else ""
         ins.append(random_value(v, sizes, gen, device, role=role))
     outs = [poisoned(v, sizes, device) for v in node.outputs]
     return ins, outs
