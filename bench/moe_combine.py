@@ -9,7 +9,7 @@ For each T (8 distinct random experts per token, routing weights in (0.05, 1.05)
 - timing as the step runs it: a CUDA graph of LAYERS consecutive MoE layers (PDL launches back to back, each layer
   its own weights, so nothing stays in L2 from the layer before), replayed alternately with the other route's graph;
   median us per layer;
-- beside them, in the same run: a device-to-device copy of 256 MB (the copy rate) and `torch.sum` over the chosen
+- beside them, in the same run: the copy rate (bench/kernels.py: a 1 GiB device-to-device copy) and `torch.sum` over the chosen
   experts' bytes (the read rate at this size).
 """
 from __future__ import annotations
@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import kernels  # noqa: E402  (bench/kernels.py: the copy rate)
 from beamc.codegen.kernel import KernelSpec, load_kernel  # noqa: E402
-from beamc.ir.reference import moe_combine_ref  # noqa: E402
 from beamc.spec import load_spec  # noqa: E402
-from test_kernels_moe import TEMPLATE, distinct_idx, moe_constants, nvfp4_experts, y_reference  # noqa: E402
+from test_kernels_moe import (TEMPLATE, combine_constants, combined_reference, distinct_idx,  # noqa: E402
+                              moe_constants, nvfp4_experts)
 
 LAYERS = 8  # MoE layers per graph (each with its own 256 experts: 0.7 GB each)
 SCALE = 2.5
@@ -69,21 +70,17 @@ def main(argv=None) -> dict:
     c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
     plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
     fused = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=SCALE)), kdir)
-    comb = load_kernel(KernelSpec("moe_combine", "moe_experts", dict(DTYPE="bf16", PDL=True, H=c["H"],
-                                                                      TOP_K=c["TOP_K"], ROUTED_SCALE=SCALE)), kdir)
+    comb = load_kernel(KernelSpec("moe_combine", "moe_experts", combine_constants(c, SCALE)), kdir)
     E, H, I, K = c["E"], c["H"], c["I"], c["TOP_K"]
     g = torch.Generator().manual_seed(0)
     raws = [nvfp4_experts(E, H, I, g, device="cuda") for _ in range(LAYERS)]
     layers = [plain.relayout(r) for r in raws]
     per_expert = 2 * I * H // 2 + 2 * I * H // 16 + H * I // 2 + H * I // 16 + 12
-    src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
     rows: list[dict] = []
     facts = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": dict(c), "layers": LAYERS,
              "records": rows}
-    copy_us = time_alternating({"copy": graph(lambda: dst.copy_(src))})["copy"]
-    facts["copy_tb_s"] = 2 * src.numel() / copy_us / 1e6  # read + write
+    facts["copy_tb_s"] = kernels.copy_bandwidth()  # bench/kernels.py: 1 GiB, read + write
     for T in (int(t) for t in a.tokens.split(",")):
         x = torch.randn(T, H, generator=g).bfloat16().cuda()
         idx = distinct_idx(T, E, K, g).cuda()
@@ -108,7 +105,7 @@ def main(argv=None) -> dict:
         two(0)
         one(0)
         torch.cuda.synchronize()
-        ref = moe_combine_ref(y_reference(x.float(), idx, raws[0]), w, idx) * SCALE  # fp32, layer 0's experts
+        ref = combined_reference(x.float(), idx, raws[0], w, SCALE)  # fp32, layer 0's experts
         rec = dict(T=T, experts=int(torch.unique(idx).numel()), bytes=nbytes,
                    equal_bits=float((outs[0].view(torch.int16) == outs[1].view(torch.int16)).float().mean()),
                    rel_err_fused=((outs[1].float() - ref).norm() / ref.norm()).item(),
@@ -122,7 +119,7 @@ def main(argv=None) -> dict:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"moe-combine-{facts['date']}.json").write_text(json.dumps(facts, indent=1) + "\n")
-    print(f"copy {facts['copy_tb_s']:.2f} TB/s (256 MB, read + write); us per MoE layer, {LAYERS} layers per graph")
+    print(f"copy {facts['copy_tb_s']:.2f} TB/s (1 GiB, read + write); us per MoE layer, {LAYERS} layers per graph")
     print(f"{'T':>3} {'experts':>7} {'two launches':>13} {'combined':>9} {'gain':>6} {'sum same bytes':>15} "
           f"{'bits equal':>10} {'rel err':>8}")
     for r in rows:

@@ -348,18 +348,29 @@ MOE_COMBINE_CASES = {
 }
 
 
+def combined_reference(x, idx, params, w, scale) -> torch.Tensor:
+    """What a `moe_experts` with `combine` computes (REFS' order): y_reference's experts, `moe_combine_ref`, x scale."""
+    from beamc.ir.reference import moe_combine_ref
+
+    sub = moe_combine_ref(y_reference(x, idx, params), w, idx)
+    return sub * scale if scale is not None else sub
+
+
+def combine_constants(c: dict, scale) -> dict:
+    """The `moe_combine` kernel's constants beside a moe_nvfp4_decode render's constants `c`."""
+    return dict(DTYPE=c["DTYPE"], H=c["H"], TOP_K=c["TOP_K"], ROUTED_SCALE=scale,
+                **({"PDL": c["PDL"]} if "PDL" in c else {}))
+
+
 def check_moe_combine(label: str, tiny, kdir) -> dict:
     """The COMBINE render (stage 1 combines the token's choices) against the reference's experts, then
     `moe_combine_ref`, then the routed scale (what `REFS["moe_experts"]` does with `combine`); and against the
     plain render followed by the moe_combine kernel (the launches the emitter uses at larger T)."""
-    from beamc.ir.reference import moe_combine_ref
-
     tp, extra, T, relaid, kind, scale = MOE_COMBINE_CASES[label]
     c = dict(moe_constants(tiny, tp, "f32"), **(extra or {}))
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=scale)), kdir)
     plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
-    comb = load_kernel(KernelSpec("moe_combine", "moe_experts", dict(DTYPE="f32", H=c["H"], TOP_K=c["TOP_K"],
-                                                                      ROUTED_SCALE=scale)), kdir)
+    comb = load_kernel(KernelSpec("moe_combine", "moe_experts", combine_constants(c, scale)), kdir)
     E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
     g = torch.Generator().manual_seed(len(label) + T)
     params = nvfp4_experts(E, H, I, g)
@@ -372,8 +383,7 @@ def check_moe_combine(label: str, tiny, kdir) -> dict:
     scratch = torch.full((n + 64,), float("nan"))  # 64 canaries past the end
     mod.launch(x, idx, *ps, w, out, scratch)
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
-    ref = moe_combine_ref(y_reference(x, idx, params), w, idx)
-    ref = ref * scale if scale is not None else ref
+    ref = combined_reference(x, idx, params, w, scale)
     y = torch.full((T, k, H), float("nan"))
     plain.launch(x, idx, *ps, y)
     two = torch.full((T, H), float("nan"))

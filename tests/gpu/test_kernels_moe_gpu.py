@@ -24,7 +24,8 @@ import torch
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.spec import load_spec
 from conftest import captured_graph, write_gpu_summary
-from test_kernels_moe import TEMPLATE, distinct_idx, h_reference, moe_constants, nvfp4_experts, y_reference
+from test_kernels_moe import (TEMPLATE, combine_constants, combined_reference, distinct_idx, h_reference,
+                              moe_constants, nvfp4_experts, y_reference)
 
 pytestmark = pytest.mark.gpu
 
@@ -114,15 +115,12 @@ def test_moe_nvfp4_decode_combine_render(T, relaid, kind, tmp_path_factory):
     """The COMBINE render (the combine_experts pass: the top-k combine x 2.5 in stage 1) against the fp32
     reference's combine (relative error < 1e-2) and against the two launches it replaces (the plain render, then
     the moe_combine kernel): the same rounding points, so the bits should agree but for sums in another order."""
-    from beamc.ir.reference import moe_combine_ref
-
     c = _constants()
     if ("combine",) not in _CACHE:
         d = tmp_path_factory.mktemp("moe_combine")
         _CACHE[("combine",)] = (
             load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=2.5)), d),
-            load_kernel(KernelSpec("moe_combine", "moe_experts", dict(DTYPE="bf16", PDL=True, H=c["H"],
-                                                                       TOP_K=c["TOP_K"], ROUTED_SCALE=2.5)), d))
+            load_kernel(KernelSpec("moe_combine", "moe_experts", combine_constants(c, 2.5)), d))
     fused, comb = _CACHE[("combine",)]
     plain = _module(None, tmp_path_factory)
     g = torch.Generator().manual_seed(100 + T)
@@ -138,7 +136,7 @@ def test_moe_nvfp4_decode_combine_render(T, relaid, kind, tmp_path_factory):
     two = torch.full_like(out, float("nan"))
     comb.launch(y, w, idx, two)
     torch.cuda.synchronize()
-    ref = moe_combine_ref(y_reference(x.float(), idx, _weights(False)), w, idx) * 2.5
+    ref = combined_reference(x.float(), idx, _weights(False), w, 2.5)
     err, equal = _rel(out, ref), (out.view(torch.int16) == two.view(torch.int16)).float().mean().item()
     line = dict(T=T, relaid=relaid, routing=kind, rel_err=err, rel_err_two_launches=_rel(two, ref),
                 bits_equal_two_launches=equal,
