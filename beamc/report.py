@@ -123,6 +123,8 @@ WHY = {
     "attention": "reads the layer's KV cache (ring or full): its own kernel",
     "sigmoid_gate": "sigmoid(gate + bias) * o with transformers' three roundings (attention_gate folds it)",
     "attention_gate": "reads the layer's KV cache (ring or full), the output gate in its epilogue: one kernel",
+    "qk_attention": "decode: q/k norms, RoPE or SSMax and the K/V cache write in the attention kernel's prologue, "
+                    "the output gate in its epilogue: one kernel",
     "moe_router": "fp32 router GEMM + grouped top-k selection in one kernel",
     "moe_experts": "the chosen experts' NVFP4 GEMMs gate_up -> SwiGLU -> down (grouped over experts)",
     "gate_up_swiglu": "gate and up GEMMs with the fp32 SwiGLU epilogue",

@@ -25,7 +25,7 @@ the same one-rank simulation (collectives skipped, or copies where a row has no 
 - `--baseline`: plain PyTorch with torch.compile + CUDA graph on the same weights (bench/torch_baseline.py);
 - the model is freed (gc + torch.cuda.empty_cache) before the next row; the JSON is rewritten after every row.
 Budget: the device allows 10 minutes a call, and a row takes ~1 minute (load, graph capture, a 100K context for
-9 sequences), so the rows go in two calls (`--rows 0,1,2,3,4,5 --tag=-part1`, `--rows 6,7,8,9,10 --baseline
+9 sequences), so the rows go in two calls (`--rows 0,1,2,3,4,5 --tag=-part1`, `--rows 6,7,8,9,10,11 --baseline
 --tag=-part2`) merged with `--merge part1.json part2.json --out ablation-<date>.json`. Only the buckets timed are
 captured (decode 1, prefill batch x chunk).
 Writes OUT/ablation-<date>[-dry].json, OUT/ablation-<date>[-dry].png (two panels: decode ms and prefill ms per row;
@@ -272,7 +272,7 @@ def markdown(facts: dict) -> str:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     fm.add_common_args(ap, steps=30, reps=3)
-    ap.add_argument("--rows", default=None, help="row indices / pass names, comma-separated (default: all 9)")
+    ap.add_argument("--rows", default=None, help="row indices / pass names, comma-separated (default: all of them)")
     ap.add_argument("--baseline", action="store_true", help="also the torch.compile + CUDA graph baseline "
                     "(bench/torch_baseline.py) on the same weights")
     ap.add_argument("--tag", default="", help="appended to the output file names (e.g. -part1)")

@@ -38,7 +38,10 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     phases = {name: sorted(v["launches_per_step"]) for name, v in man["kernels"].items()}
     router = sorted(p for name, p in phases.items() if name.startswith("moe_router"))
     assert router == [["decode"], ["prefill"]]  # small-M path for decode, tensor cores for prefill
-    decode_only = ("moe_router", "gemv", "attention_decode", "attention_prefill")  # per-phase kernels
+    decode_only = ("moe_router", "gemv", "attention_decode", "attention_prefill", "qk_norm_pos_kv")  # per phase
+    assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("qk_norm_pos_kv"))
+    # (the qk_attention pass: at decode the norms, RoPE / SSMax and the cache write run in the attention kernel)
+    assert all(v["constants"].get("QKN") for v in man["kernels"].values() if v["template"].startswith("attention_d"))
     assert all(p == ["decode", "prefill"] for name, p in phases.items() if not name.startswith(decode_only))
     assert all(p == ["decode"] for name, p in phases.items() if name.startswith(("gemv", "attention_decode")))
     assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("attention_prefill"))
@@ -197,6 +200,31 @@ def test_every_op_has_an_emitter():
     from beamc.ir.ops import OPS
 
     assert sorted(o for o, d in OPS.items() if not d.leaf and o not in EMITTERS) == []
+
+
+def test_qk_attention_emits_the_qkn_render_at_decode_and_two_launches_elsewhere():
+    """qk_attention (the qk_attention pass, decode graphs): one launch of attention_decode's QKN render on the op's
+    inputs and output; in a prefill graph (the pass makes none there; a hand-built graph could) the two launches it
+    stands for, qk_norm_pos_kv into a scratch q that the attention then reads."""
+    from beamc.codegen.registry import Context, launches
+    from beamc.compiler import compile_graphs
+    from beamc.codegen.emitters import io
+
+    g = compile_graphs(load_spec(ROOT / "models/beam-tiny.yaml"), tp=1, dtype="bf16", passes=ALL)["decode"][0]
+    node = next(n for n in g.compute_nodes() if n.op == "qk_attention")
+    ctx = Context(target="sm90", dtype="bf16")
+    (one,) = launches(node, g, ctx)
+    assert one.kernel.template == "attention_decode" and one.kernel.constants["QKN"] and one.args == io(node)
+    assert one.kernel.constants["MODE"] == node.attrs["mode"] and one.kernel.constants["GATE"]
+    g.meta["phase"] = "prefill"
+    try:
+        first, second = launches(node, g, ctx)
+    finally:
+        g.meta["phase"] = "decode"
+    assert first.kernel.template == "qk_norm_pos_kv" and second.kernel.template == "attention_prefill"
+    assert first.args[-1] == second.args[0] == "scratch:qk_q" and first.scratch[0][0] == "scratch:qk_q"
+    assert first.args[:-1] == io(node)[:len(first.args) - 1] and second.args[-1] == node.outputs[0].name
+    assert second.args[-3:-1] == tuple(v.name for v in node.inputs[-2:])  # the gate's g and b
 
 
 def test_prefill_options_reach_the_kernels_and_the_manifest():

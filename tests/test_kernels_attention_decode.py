@@ -14,6 +14,10 @@
    sm_90a and sm_100a: tensor-core products, shared memory within the limit, PDL facts (launch_dependents first, one
    wait, no store before it; the fp8 scales loaded before it), no flush-to-zero.
 3. The rendered module keeps the contract of `beamc.codegen.kernel`; the split rule fills an H200 at T = 1.
+4. QKN (IR op `qk_attention`): the fp32 render on raw q, k, v equals qk_norm_pos_kv_ref then attention_ref (and the
+   gate) under the interpreter, with the token rows of the cache poisoned before the launch (the kernel must not read
+   them back), the written rows equal to the reference's, every other row untouched; RoPE and SSMax, ring and
+   pages, fp8 caches, forced split counts.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import pytest
 import torch
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, load_kernel
-from beamc.ir.reference import REFS, attention_ref, kv_store
+from beamc.ir.reference import REFS, attention_ref, cache_rows, kv_store, qk_norm_pos_kv_ref
 from conftest import assert_template_contract, interpret_cases, run_interpreted_main
 from test_kernels_attn_router import SMEM_LIMIT, check_pdl_ptx, pdl_facts
 
@@ -203,6 +207,119 @@ def check_case(name: str, directory: Path) -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- 4. QKN (qk_attention) under the interpreter
+def qkn_constants(c: dict, mode: str, **extra) -> dict:
+    """`constants` plus qk_norm_pos_kv's (eps, weight form, RoPE theta or the SSMax q-scale's length / offset /
+    exponent) for the QKN render."""
+    return dict(c, QKN=True, EPS=1e-6, NORM_OFFSET=0.0, MODE=mode, THETA=10000.0, LENGTH=16.0, POS_OFFSET=1.0,
+                EXPONENT=0.1, **extra)
+
+
+def qkn_inputs(c: dict, case: dict, seed: int, device="cpu") -> dict:
+    """Raw q [T, HQ, d], k / v [T, HKV, d] (as the QKV projection makes them) and the norm weights, for a case of
+    make_case; the IR attributes of the qk_attention node."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    T, hq, hkv, d = case["T"], c["HQ"], c["HKV"], c["HEAD_DIM"]
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16}[c["DTYPE"]]
+    raw = [(torch.randn(T, h, d, generator=g) * 3).to(dt).to(device) for h in (hq, hkv, hkv)]
+    w = [(1.0 + 0.1 * torch.randn(d, generator=g)).to(dt).to(device) for _ in range(2)]
+    a = dict(eps=c["EPS"], w_offset=c["NORM_OFFSET"], mode=c["MODE"], theta=c["THETA"], length=c["LENGTH"],
+             offset=c["POS_OFFSET"], exponent=c["EXPONENT"], window=c["WINDOW"] or None, scale=c["SCALE"],
+             paged=c["PAGED"], gate=c.get("GATE", False))
+    return dict(raw=raw, w=w, attrs=a)
+
+
+def poison_token_rows(c: dict, case: dict) -> None:
+    """The cache rows of the launch's tokens poisoned (NaN; 0x7F bytes for fp8): QKN writes them and must never
+    read them back."""
+    _, kc, vc, slot, pos, *extras = case["args"]
+    rows = cache_rows(kc, slot, pos, extras[0] if c["PAGED"] else None)
+    for x in (kc, vc):
+        if c["CACHE_DTYPE"] == "f8e4m3":
+            x.view(torch.uint8)[rows] = 0x7F
+        else:
+            x[rows] = float("nan")
+
+
+QKN_CASES = {
+    # sliding ring (RoPE): a token past the ring's wrap, short contexts, context 1; gated
+    "qkn-ring-w5-rope-gate": (qkn_constants(constants(**TINY, window=5, dtype="f32", cache="f32", BLOCK_N=16,
+                                                      GATE=True), "rope"),
+                              [(0, [17]), (1, [3]), (2, [0]), (3, [9])], 8, (1, 2)),
+    # full paged (SSMax), shuffled block table, a position on a block's first key (the owner's block holds only it)
+    "qkn-paged-p4-ssmax": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16),
+                                         "ssmax"), [(0, [122]), (1, [0]), (2, [48]), (3, [63]), (4, [64])], None,
+                           (1, 4)),
+    # the TP-8 group (6 query heads of one KV head), head dim 24 (padded tiles, partners across the pad), window 40
+    "qkn-ring-w40-g6-d24": (qkn_constants(constants(hq=6, hkv=1, d=24, window=40, dtype="f32", cache="f32",
+                                                    BLOCK_N=16), "rope"), [(0, [90]), (1, [20]), (2, [41])], 44,
+                            (1, 5)),
+    # fp8 caches with per-tensor scales, paged SSMax and ring RoPE (gated)
+    "qkn-fp8-paged-ssmax": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4,
+                                                    BLOCK_N=16), "ssmax"), [(0, [120]), (1, [5]), (2, [0])], None,
+                            (1, 3)),
+    "qkn-fp8-ring-rope-gate": (qkn_constants(constants(hq=4, hkv=2, d=32, window=40, dtype="f32", cache="f8e4m3",
+                                                       BLOCK_N=16, GATE=True), "rope"), [(0, [98]), (1, [7])], 43,
+                               (1,)),
+    # KV_TILES (off by default): k and v as tiles repeating their row, ring RoPE (gated, fp8) and paged SSMax
+    "qkn-fp8-ring-rope-gate-kvtiles": (qkn_constants(constants(hq=4, hkv=2, d=32, window=40, dtype="f32",
+                                                               cache="f8e4m3", BLOCK_N=16, GATE=True), "rope",
+                                                     KV_TILES=True), [(0, [98]), (1, [7])], 43, (1,)),
+    "qkn-paged-p4-ssmax-kvtiles": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
+                                                           BLOCK_N=16), "ssmax", KV_TILES=True),
+                                   [(0, [122]), (1, [0]), (2, [48])], None, (1, 4)),
+    # rendered with PDL on (the parameters and step inputs loaded before the wait; the interpreter skips the gdc)
+    "qkn-paged-p4-rope-pdl": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16,
+                                                      PDL=True), "rope"), [(0, [70]), (1, [2])], None, ()),
+}
+
+
+def check_qkn_case(name: str, directory: Path) -> list[dict]:
+    c, seqs, cap, forced = QKN_CASES[name]
+    mod = load_kernel(KernelSpec(TEMPLATE, "qk_attention", c), directory)
+    assert mod._interpreted(), "triton did not pick the interpreter"
+    case = make_case(c, seqs, cap=cap, seed=len(name))
+    poison_token_rows(c, case)
+    _, kc, vc, slot, pos, *extras = case["args"]
+    x = qkn_inputs(c, case, seed=len(name) + 1)
+    a, fp8 = x["attrs"], c["CACHE_DTYPE"] == "f8e4m3"
+    gate = []
+    if a["gate"]:
+        gen = torch.Generator().manual_seed(len(name))
+        gate = [torch.randn(case["T"], c["HQ"], c["HEAD_DIM"], generator=gen), torch.randn(c["HQ"], 1, generator=gen)]
+    want, kc_ref, vc_ref = REFS["qk_attention"]([*x["raw"], *x["w"], kc.clone(), vc.clone(), slot, pos, *extras,
+                                                 *gate], a)
+    rows = cache_rows(kc, slot, pos, extras[0] if c["PAGED"] else None)
+    out = []
+    for splits in (None, *forced):
+        kc1, vc1 = kc.clone(), vc.clone()
+        got = torch.full_like(want, float("nan"))
+        mod.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, *gate, got, splits=splits)
+        others = torch.ones(kc.shape[:2], dtype=torch.bool)
+        others[rows] = False
+        untouched = all(torch.equal(y.view(torch.uint8)[others], z.view(torch.uint8)[others])
+                        for y, z in ((kc1, kc), (vc1, vc)))
+        if fp8:  # the interpreter's e4m3 rounding loses the carry into the next binade (test_kernels_attn_router):
+            # such elements hold half the reference's value; the attention is judged over the rows as written
+            for y, r in ((kc1[rows], kc_ref[rows]), (vc1[rows], vc_ref[rows])):
+                bad = y.view(torch.uint8) != r.view(torch.uint8)
+                assert bad.float().mean() < 0.1 and torch.equal(y.float()[bad] * 2, r.float()[bad]), name
+            want = REFS["attention_gate" if a["gate"] else "attention"](
+                [_qn(x, kc, vc, slot, pos, extras, a), kc1, vc1, slot, pos, *extras, *gate], a)[0]
+            cache_err = 0.0
+        else:
+            cache_err = max(rel_err(kc1[rows], kc_ref[rows]), rel_err(vc1[rows], vc_ref[rows]))
+        err = float("inf") if got.isnan().any() else rel_err(got, want)
+        out.append(dict(splits=splits, used=splits or mod.num_splits(case["T"], _max_context(mod, case)), err=err,
+                        cache_err=cache_err, untouched=untouched))
+    return out
+
+
+def _qn(x, kc, vc, slot, pos, extras, a):
+    """qk_norm_pos_kv_ref's q for the raw inputs (the caches it would write are not used)."""
+    return qk_norm_pos_kv_ref(*x["raw"], *x["w"], kc.clone(), vc.clone(), slot, pos, *extras, a=a)[0]
+
+
 def _max_context(mod, case) -> int:
     kc = case["args"][1]
     return case["args"][5].shape[1] * mod.PAGE_SIZE if mod.PAGED else kc.shape[1]
@@ -211,7 +328,8 @@ def _max_context(mod, case) -> int:
 def _interpreted_main(out: str) -> None:
     """In a child with TRITON_INTERPRET=1: every case -> {name: {"runs"} | {"error"}}."""
     directory = Path(out).parent / "kernels"
-    interpret_cases(out, CASES, lambda name: dict(runs=check_case(name, directory)))
+    interpret_cases(out, {**CASES, **QKN_CASES}, lambda name: dict(runs=(check_qkn_case if name in QKN_CASES
+                                                                          else check_case)(name, directory)))
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +345,16 @@ def test_interpreted_fp32_matches_reference(name, interpreted):
     assert "error" not in r, r["error"]
     errs = [x["err"] for x in r["runs"]]
     assert max(errs) < 1e-5, r["runs"]
+
+
+@pytest.mark.parametrize("name", list(QKN_CASES))
+def test_interpreted_qkn_fp32_matches_the_two_ops(name, interpreted):
+    """QKN (qk_attention) vs qk_norm_pos_kv_ref then attention_ref (+ gate): the output, the token rows written
+    (poisoned before: never read back), every other cache row untouched; default and forced split counts."""
+    r = interpreted[name]
+    assert "error" not in r, r["error"]
+    assert max(x["err"] for x in r["runs"]) < 1e-5 and max(x["cache_err"] for x in r["runs"]) < 1e-5, r["runs"]
+    assert all(x["untouched"] for x in r["runs"]), r["runs"]
 
 
 def test_interpreted_cases_cover_the_paths(interpreted):
@@ -254,6 +382,15 @@ def _variants() -> list[tuple[str, dict]]:
     for cache in ("bf16", "f8e4m3"):  # the last-arriver merge (sliding layers' split counts), gated, as emitted
         out.append((f"full-tp8,sliding,{cache},gate,last-merge", spec_constants(full, 8, "sliding", "bf16", cache, 16,
                                                                                 GATE=True, BLOCK_N=32, _LAST=True)))
+    for tag, spec, tp in (("full-tp8", full, 8), ("tiny", tiny, 1)):  # QKN (qk_attention), as the emitter renders it
+        for kind, mode in (("sliding", "rope"), ("full", "ssmax")):
+            for cache in ("bf16", "f8e4m3"):
+                c = spec_constants(spec, tp, kind, "bf16", cache, 16 if tag == "full-tp8" else 4, GATE=True,
+                                   **({"BLOCK_N": 32} if kind == "sliding" else {}))
+                out.append((f"{tag},{kind},{cache},gate,qkn", qkn_constants(c, mode)))
+    out.append(("full-tp8,sliding,f8e4m3,gate,qkn,kv-tiles",
+                qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
+                              KV_TILES=True)))
     return out
 
 
@@ -262,7 +399,8 @@ def _compile(args) -> dict:
     os.environ.pop("TRITON_INTERPRET", None)
     c = dict(c)
     last = c.pop("_LAST", False)
-    mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if c.get("GATE") else "attention", c), directory)
+    op = "qk_attention" if c.get("QKN") else "attention_gate" if c.get("GATE") else "attention"
+    mod = load_kernel(KernelSpec(TEMPLATE, op, c), directory)
     if last:  # what the launcher launches with for 1 < splits <= LAST_MERGE_MAX
         mod.CONSTEXPRS = dict(mod.CONSTEXPRS, LAST_MERGE=True)
     ck = aot_compile(mod, arch)
@@ -270,17 +408,19 @@ def _compile(args) -> dict:
     assert bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == last, label  # the counter, only there
     return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
-                fp8=c["CACHE_DTYPE"] == "f8e4m3", pdl=mod.PDL, launch_pdl=bool(ck.metadata.launch_pdl),
+                fp8=c["CACHE_DTYPE"] == "f8e4m3", qkn=bool(c.get("QKN")), pdl=mod.PDL,
+                launch_pdl=bool(ck.metadata.launch_pdl),
                 **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
     """Every variant for sm_90a and sm_100a (2 processes): a cubin, tensor-core products, shared memory within the
-    limit; PDL on: launch_dependents first, one wait, no store before it (fp8: the scales loaded before it)."""
+    limit; PDL on: launch_dependents first, one wait, no store before it (fp8: the scales loaded before it; QKN: the
+    norm weights, RoPE table, position, slot and block-table entry too)."""
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 30
+    assert len(results) == 48
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"
@@ -288,7 +428,7 @@ def test_aot_compile_every_variant(tmp_path):
         check_pdl_ptx(r, r["pdl"], r["label"])
         if r["pdl"]:
             assert r["waits"] == 1, r
-            assert (max(r["loads_before_wait"]) > 0) == r["fp8"], r  # only the fp8 scales come before the wait
+            assert (max(r["loads_before_wait"]) > 0) == (r["fp8"] or r["qkn"]), r  # only parameters / step inputs
 
 
 # ---------------------------------------------------------------- 3. contract, split rule

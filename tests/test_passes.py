@@ -76,6 +76,7 @@ def test_match_counts_on_the_full_model_at_tp8(full_tp8):
     assert rep.matches("dense_swiglu") == 3
     assert rep.matches("fold_small") == 2
     assert rep.matches("attention_gate") == 52
+    assert rep.matches("qk_attention") == 52
 
 
 def test_op_counts_before_and_after(full_tp8):
@@ -83,13 +84,16 @@ def test_op_counts_before_and_after(full_tp8):
     after = Counter(n.op for n in g.compute_nodes())
     assert before["rmsnorm"] == 6 * 52 + 1 and after["rmsnorm"] == 0
     assert before["all_reduce"] == 104 and after["all_reduce"] == 0
-    assert after["boundary"] == 104 and after["attention_gate"] == 52 and after["moe_experts"] == 49
+    assert after["boundary"] == 104 and after["qk_attention"] == 52 and after["moe_experts"] == 49
     assert after["attention"] == 0 and after["sigmoid_gate"] == 0  # the gate in attention's epilogue
+    assert after["attention_gate"] == 0 and after["qk_norm_pos_kv"] == 0  # the norms in its prologue (decode)
     assert before["linear"] == 5 * 52 + 3 * 3 + 1 and after["linear"] == 52 + 3  # o_proj, dense down_proj
     assert rep.ops_after["input"]["sliding+sparse"] == 31
     assert all(n < 13 for n in rep.ops_after["fold_small"].values())  # the seed had 13 per MoE layer
     assert all(rep.ops_after["attention_gate"][k] == n - 1 for k, n in rep.ops_after["fold_small"].items()
                if k != "head")  # one op less in every layer
+    assert all(rep.ops_after["qk_attention"][k] == n - 1 for k, n in rep.ops_after["combine_experts"].items()
+               if k != "head")  # and one more: 7 per layer
 
 
 def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
@@ -105,14 +109,17 @@ def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
 def test_every_subset_of_passes_gives_a_verified_graph(tiny_spec):
     """All 2^9 subsets of the first nine passes on the decode graph at TP 2 (run_passes verifies after every pass),
     every second one (by the itertools order) with the tenth, combine_experts, which builds on allreduce_norm's
-    boundaries (so both with and without them: 2^9 runs, not 2^10, for the test's time); a sample on prefill, whose
-    graph differs only in the names of its symbolic dims."""
-    first = [p for p in ALL if p != "combine_experts"]
-    subsets = [list(c) + (["combine_experts"] if i % 2 else [])
+    boundaries, and every other pair with the eleventh, qk_attention, which builds on kv_write (so each both with
+    and without what it builds on: 2^9 runs, not 2^11, for the test's time); a sample on prefill, whose graph
+    differs only in the names of its symbolic dims (and where qk_attention matches nothing)."""
+    later = ("combine_experts", "qk_attention")
+    first = [p for p in ALL if p not in later]
+    subsets = [list(c) + (["combine_experts"] if i % 2 else []) + (["qk_attention"] if i // 2 % 2 else [])
                for i, c in enumerate(c for r in range(len(first) + 1) for c in itertools.combinations(first, r))]
-    assert len(subsets) == 2 ** len(first) and len(ALL) == len(first) + 1
-    pairs = {("allreduce_norm" in s, "combine_experts" in s) for s in subsets}
-    assert pairs == {(a, b) for a in (False, True) for b in (False, True)}
+    assert len(subsets) == 2 ** len(first) and len(ALL) == len(first) + 2
+    for base, later_pass in (("allreduce_norm", "combine_experts"), ("kv_write", "qk_attention")):
+        pairs = {(base in s, later_pass in s) for s in subsets}
+        assert pairs == {(a, b) for a in (False, True) for b in (False, True)}
     for names in subsets:
         run_passes([lower(tiny_spec, LowerOptions(phase="decode", tp=2))], names)
     for names in random.Random(0).sample(subsets, 16):
@@ -195,6 +202,42 @@ def test_attention_gate_fuses_only_a_gate_of_an_attention_output(tiny_spec):
     gate = next(n for n in h.compute_nodes() if n.op == "sigmoid_gate")
     h.outputs["extra_attention_out"] = gate.inputs[0]
     assert run_passes([h], ["attention_gate"]).matches("attention_gate") == L - 1
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_qk_attention_fuses_the_norms_into_decode_attention(tiny_spec, rank_weights, dtype):
+    """qk_attention (after kv_write and attention_gate): in the decode graph every layer's qk_norm_pos_kv and
+    attention_gate become one qk_attention on the raw q, k, v (qk_norm_pos_kv's inputs, then gate and bias; both ops'
+    attributes; the cache outputs carried on as the layer's cache state); nothing matches on the prefill graph,
+    without kv_write, or when q has another reader; idempotent; the interpretation bit for bit the same as with the
+    passes before it only (a prefill then decode steps, TP 1 and 2)."""
+    before = [p for p in ALL if p != "qk_attention"]
+    g = lower(tiny_spec, LowerOptions(phase="decode", tp=1))
+    run_passes([g], before)
+    ops0 = Counter(n.op for n in g.compute_nodes())
+    rep = run_passes([g], ["qk_attention"])
+    ops1 = Counter(n.op for n in g.compute_nodes())
+    L = tiny_spec.num_layers
+    assert rep.matches("qk_attention") == L and ops1["qk_attention"] == L
+    assert ops0["qk_norm_pos_kv"] == ops0["attention_gate"] == L and ops1["qk_norm_pos_kv"] == ops1["attention_gate"] == 0
+    assert sum(ops1.values()) == sum(ops0.values()) - L
+    n = next(n for n in g.compute_nodes() if n.op == "qk_attention")
+    assert n.attrs["gate"] and "scale" in n.attrs and "eps" in n.attrs and "mode" in n.attrs
+    assert len(n.outputs) == 3 and set(g.state_out.values()) >= set(n.outputs[1:])
+    assert run_passes([g], ["qk_attention"]).matches("qk_attention") == 0  # idempotent
+    pre = lower(tiny_spec, LowerOptions(phase="prefill", tp=1))
+    assert run_passes([pre], ALL).matches("qk_attention") == 0
+    assert run_passes([lower(tiny_spec, LowerOptions(phase="decode", tp=1))],
+                      [p for p in ALL if p != "kv_write"]).matches("qk_attention") == 0
+    h = lower(tiny_spec, LowerOptions(phase="decode", tp=1))  # a q with a second reader: the rule refuses
+    run_passes([h], before)
+    qk = next(n for n in h.compute_nodes() if n.op == "qk_norm_pos_kv")
+    h.outputs["extra_q"] = qk.outputs[0]
+    assert run_passes([h], ["qk_attention"]).matches("qk_attention") == L - 1
+    for tp in (1, 2):
+        w = rank_weights[dtype, tp]
+        for x, y in zip(_run(tiny_spec, w, tp, dtype, before), _run(tiny_spec, w, tp, dtype, ALL)):
+            assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])

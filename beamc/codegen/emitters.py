@@ -136,12 +136,16 @@ def _sigmoid_gate(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 
 @emits("qk_norm_pos_kv")
 def _qk_norm_pos_kv(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    a = node.attrs
     q, k, v, wq, wk, kc = node.inputs[:6]
-    return [kernel(node, "qk_norm_pos_kv", ctx, HQ=q.shape[1], HKV=k.shape[1], HEAD_DIM=q.shape[2], EPS=a["eps"],
-                   NORM_OFFSET=a["w_offset"], MODE=a["mode"], THETA=a.get("theta", 0.0),
-                   LENGTH=a.get("length", 1.0), POS_OFFSET=a.get("offset", 0.0), EXPONENT=a.get("exponent", 0.0),
-                   CACHE_DTYPE=kc.dtype, PAGED=bool(a.get("paged")), PAGE_SIZE=kc.shape[1] if a.get("paged") else 0)]
+    return [kernel(node, "qk_norm_pos_kv", ctx, HQ=q.shape[1], HKV=k.shape[1], HEAD_DIM=q.shape[2],
+                   **_qk_constants(node.attrs), CACHE_DTYPE=kc.dtype, PAGED=bool(node.attrs.get("paged")),
+                   PAGE_SIZE=kc.shape[1] if node.attrs.get("paged") else 0)]
+
+
+def _qk_constants(a: dict) -> dict:
+    """The q/k norm and RoPE / SSMax constants of a qk_norm_pos_kv (or qk_attention) node's attributes."""
+    return dict(EPS=a["eps"], NORM_OFFSET=a["w_offset"], MODE=a["mode"], THETA=a.get("theta", 0.0),
+                LENGTH=a.get("length", 1.0), POS_OFFSET=a.get("offset", 0.0), EXPONENT=a.get("exponent", 0.0))
 
 
 @emits("moe_router")
@@ -347,6 +351,32 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
                    WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
                    GATE=node.op == "attention_gate", **tiles)]
+
+
+@emits("qk_attention")
+def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
+    """The qk_attention pass's op (decode steps): the decode attention's QKN render, whose stage 0 normalises q and
+    k, writes k and v into the cache and starts the owning split from the token's own key. In a prefill graph (the
+    pass makes none there; a hand-built graph may hold one) the two launches it stands for: qk_norm_pos_kv into a
+    scratch q, then the attention."""
+    a = node.attrs
+    q, k, v, wq, wk, kc, vc, slot, pos = node.inputs[:9]
+    n = len(node.inputs) - (2 if a["gate"] else 0)
+    if g.meta["phase"] == "decode":
+        paged = bool(a.get("paged"))
+        return [kernel(node, "attention_decode", ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2],
+                       HEAD_DIM=q.shape[2], WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged,
+                       PAGE_SIZE=kc.shape[1] if paged else 0, GATE=a["gate"], QKN=True, **_qk_constants(a),
+                       **attention_decode_tiles(a["window"] or 0))]
+    s = "scratch:qk_q"
+    qn = Value("q_normed", tuple(q.shape), q.dtype)
+    qk = Node("qk_norm_pos_kv", list(node.inputs[:n]), [qn, kc, vc], a, layer=node.layer)
+    att = Node("attention_gate" if a["gate"] else "attention",
+               [qn, kc, vc, slot, pos, *node.inputs[9:n], *node.inputs[n:]], [node.outputs[0]], a, layer=node.layer)
+    first = _qk_norm_pos_kv(qk, g, ctx)[0]
+    second = _attention(att, g, ctx)[0]
+    return [dataclasses.replace(first, args=first.args[:-1] + (s,), scratch=((s, tuple(q.shape), q.dtype),)),
+            dataclasses.replace(second, args=(s,) + second.args[1:])]
 
 
 @emits("all_reduce", "all_gather")

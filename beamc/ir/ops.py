@@ -264,6 +264,20 @@ def _qk_kv_infer(ins, attrs) -> Types:
 
 register("qk_norm_pos_kv", _qk_kv_infer, "q/k norm + RoPE/SSMax, and K/V written into the layer's cache",
          state_io=((5, 1), (6, 2)))
+
+
+def _qk_attention_infer(ins, attrs) -> Types:
+    """qk_norm_pos_kv's inputs, then (gate) the output gate's g and b."""
+    n = len(ins) - (2 if attrs.get("gate") else 0)
+    q, kc, vc = _qk_kv_infer(ins[:n], attrs)
+    att = [ins[0], ins[5], ins[6], ins[7], ins[8], *ins[9:n]]  # (the attention's inputs: q, the caches, slot, pos, ...)
+    (_attention_gate_infer(att + list(ins[n:]), attrs) if attrs.get("gate") else _attention_infer(att, attrs))
+    return [q, kc, vc]
+
+
+register("qk_attention", _qk_attention_infer,
+         "qk_norm_pos_kv then attention (gate: attention_gate) of a decode step: out, and K/V written into the "
+         "layer's cache", state_io=((5, 1), (6, 2)))
 register("sigmoid_gate", lambda i, a: [(broadcast(i[0].shape, i[1].shape), i[0].dtype)],
          "o * sigmoid(gate + bias[head]), rounding after each step")
 register("linear_packed", lambda i, a: [(tuple(i[0].shape[:-1]) + (n,), i[0].dtype) for n in a["splits"]],

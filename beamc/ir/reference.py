@@ -176,7 +176,7 @@ def _shared_row() -> BeamcError:
 
 
 # ops that write a KV cache: input index of (cache, slot, pos, block table if paged)
-KV_WRITERS = {"kv_write": (0, 4, 5, 6), "qk_norm_pos_kv": (5, 7, 8, 9)}
+KV_WRITERS = {"kv_write": (0, 4, 5, 6), "qk_norm_pos_kv": (5, 7, 8, 9), "qk_attention": (5, 7, 8, 9)}
 
 
 def check_step_caches(nodes, value_of) -> None:
@@ -464,6 +464,18 @@ REFS["qk_norm_pos_kv"] = lambda t, a: qk_norm_pos_kv_ref(*t, a=a)
 REFS["sigmoid_gate"] = lambda t, a: (t[0] * torch.sigmoid(t[1] + t[2]),)
 # attention then the gate, each exactly as its own op computes it (the attention_gate pass's fusion is bitwise)
 REFS["attention_gate"] = lambda t, a: (REFS["sigmoid_gate"]([REFS["attention"](t[:-2], a)[0], t[-2], t[-1]], a)[0],)
+
+
+def qk_attention_ref(t, a):
+    """The qk_attention pass's op: qk_norm_pos_kv, then attention (gate: attention_gate) over the written caches,
+    each exactly as its own op computes it (the fusion is bitwise)."""
+    n = len(t) - (2 if a.get("gate") else 0)
+    q, kc, vc = qk_norm_pos_kv_ref(*t[:n], a=a)
+    att = [q, kc, vc, t[7], t[8], *t[9:n], *t[n:]]
+    return REFS["attention_gate" if a.get("gate") else "attention"](att, a)[0], kc, vc
+
+
+REFS["qk_attention"] = qk_attention_ref
 
 
 # ---------------------------------------------------------------- fused GEMMs (passes 4, 5, 7, fold)

@@ -213,3 +213,89 @@ def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, ctx, chunk
         rec.update(us_attention_then_gate=_graph_us(two), us_gated=_graph_us(one))
         print(f"attention_gate {kind} {cache} ctx={ctx}: {rec['us_attention_then_gate']:.2f} -> {rec['us_gated']:.2f} us")
     summary.setdefault("gate", []).append(rec)
+
+
+# ---------------------------------------------------------------- QKN (the qk_attention pass)
+QKN_CASES = [("sliding", [1, 300, 511, 512, 513, 5000]), ("full", [1, 511, 512, 513, 4096]), ("sliding", [4096]),
+             ("full", [100_003])]
+
+
+@pytest.mark.parametrize("cache", ["bf16", "f8e4m3"])
+@pytest.mark.parametrize("kind,ctx", QKN_CASES)
+def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
+    """QKN (IR op qk_attention: the q/k norms, RoPE / SSMax and the cache write in the attention kernel) against
+    the two launches it replaces (qk_norm_pos_kv, then attention_gate), bf16 at the TP-8 shapes with the spec's
+    norm / RoPE / SSMax constants, one token per sequence, the token rows of the cache poisoned first: the written
+    rows equal (up to the norm's summation order: ||.|| / ||.|| < 1e-2, most bytes equal), the output within 1e-2 of
+    the fp32 reference over the rows the kernel wrote (and of the two launches'); a CUDA-graph replay equal to an
+    eager launch bit for bit; both forms timed in graphs (the pass's measured effect per layer)."""
+    from test_kernels_attention_decode import poison_token_rows, qkn_constants, qkn_inputs
+    from beamc.ir.reference import REFS, cache_rows, kv_load, qk_norm_pos_kv_ref
+    spec = load_spec(ROOT / "models/beam.yaml")
+    a_spec = spec.attention
+    base = dict(_constants(kind, cache), GATE=True)
+    mode = "rope" if kind == "sliding" else "ssmax"
+    c = qkn_constants(base, mode)
+    c.update(EPS=a_spec.qk_norm.eps, THETA=a_spec.sliding.rope.theta, LENGTH=a_spec.full.q_scale.length,
+             POS_OFFSET=a_spec.full.q_scale.offset, EXPONENT=a_spec.full.q_scale.exponent)
+    qkn = load_kernel(KernelSpec(TEMPLATE, "qk_attention", c), kdir)
+    gated = _module(base, kdir)
+    qk = load_kernel(KernelSpec("qk_norm_pos_kv", "qk_norm_pos_kv", dict(
+        DTYPE="bf16", PDL=True, HQ=c["HQ"], HKV=c["HKV"], HEAD_DIM=c["HEAD_DIM"], EPS=c["EPS"], NORM_OFFSET=0.0,
+        MODE=mode, THETA=c["THETA"], LENGTH=c["LENGTH"], POS_OFFSET=c["POS_OFFSET"], EXPONENT=c["EXPONENT"],
+        CACHE_DTYPE=cache, PAGED=c["PAGED"], PAGE_SIZE=c["PAGE_SIZE"])), kdir)
+    case = _inputs(c, ctx, 1, seed=sum(ctx) + 3)
+    poison_token_rows(c, case)
+    _, kc, vc, slot, pos, *extras = case["args"]
+    x = qkn_inputs(c, case, seed=len(ctx), device="cuda")
+    T, hq, d = x["raw"][0].shape
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    g = torch.randn(T, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)
+    kc2, vc2, kc1, vc1 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    q_out = torch.full_like(x["raw"][0], float("nan"))
+    two_out = torch.full_like(q_out, float("nan"))
+    out = torch.full_like(q_out, float("nan"))
+
+    def two():
+        qk.launch(*x["raw"], *x["w"], kc2, vc2, slot, pos, *extras, q_out)
+        gated.launch(q_out, kc2, vc2, slot, pos, *extras, g, b, two_out)
+
+    def one():
+        qkn.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, g, b, out)
+
+    two()
+    one()
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), (kind, ctx, cache)
+    rows = cache_rows(kc, slot, pos, extras[0] if c["PAGED"] else None)
+    scales = extras[-2:] if cache == "f8e4m3" else (None, None)
+    deq = [kv_load(t, s) for t, s in ((kc1, scales[0]), (vc1, scales[1]), (kc2, scales[0]), (vc2, scales[1]))]
+    row_err = max(_norm_rel(deq[0][rows], deq[2][rows]), _norm_rel(deq[1][rows], deq[3][rows]))
+    same_bytes = (kc1[rows].view(torch.uint8) == kc2[rows].view(torch.uint8)).float().mean().item()
+    others = torch.ones(kc.shape[:2], dtype=torch.bool, device="cuda")
+    others[rows] = False
+    assert torch.equal(kc1.view(torch.uint8)[others], kc.view(torch.uint8)[others])
+    # the fp32 reference over the rows as written: q by qk_norm_pos_kv_ref in fp32, the caches dequantised
+    a = dict(x["attrs"], gate=True)
+    f32 = [t.float() for t in x["raw"] + x["w"]]
+    fp_extras = extras[:1] if c["PAGED"] else []
+    qn = qk_norm_pos_kv_ref(*f32, deq[0].clone(), deq[1].clone(), slot, pos, *fp_extras, a=a)[0]
+    want = REFS["attention_gate"]([qn, deq[0], deq[1], slot, pos, *fp_extras, g.float(), b.float()], a)[0]
+    err, err_two = _norm_rel(out, want), _norm_rel(out, two_out)
+    graph = captured_graph(one)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = torch.full_like(out, float("nan"))
+    qkn.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, g, b, eager)
+    torch.cuda.synchronize()
+    rec = dict(kind=kind, ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, row_err=row_err,
+               same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager))
+    if len(ctx) == 1:
+        rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one))
+    print(f"qkn {kind} {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items()
+                                                       if isinstance(v, float)))
+    summary.setdefault("qkn", []).append(rec)
+    assert err < 1e-2 and err_two < 1e-2 and row_err < 1e-2 and same_bytes > 0.9, rec
+    assert rec["graph_bitwise"], rec
