@@ -360,7 +360,7 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     pass makes none there; a hand-built graph may hold one) the two launches it stands for: qk_norm_pos_kv into a
     scratch q, then the attention."""
     a = node.attrs
-    q, k, v, wq, wk, kc, vc, slot, pos = node.inputs[:9]
+    q, kc, vc, slot, pos = (node.inputs[i] for i in (0, 5, 6, 7, 8))
     n = len(node.inputs) - (2 if a["gate"] else 0)
     if g.meta["phase"] == "decode":
         paged = bool(a.get("paged"))

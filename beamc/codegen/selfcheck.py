@@ -41,7 +41,10 @@ def run(spec, *, tp: int = 1, rank: int = 0, dtype: str | None = None, device: s
     for phase in phases:
         for T in tokens:
             mp = (530 + T) // 16 + 2  # pages per sequence: positions start at 530
-            sizes = {"T": T, "B": T, "S": slots, "Cs": spec.effective_window - 1 + T, "P": slots * mp, "MP": mp,
+            # a decode step brings one token per sequence (the runtime refuses a sequence twice; the qk_attention
+            # kernel relies on it), so decode checks give every token its own slot
+            S = max(slots, T) if phase == "decode" else slots
+            sizes = {"T": T, "B": T, "S": S, "Cs": spec.effective_window - 1 + T, "P": S * mp, "MP": mp,
                      "R": min(T, 2), "V": spec.vocab_size, "E": spec.mlp.moe.num_experts, "P0": 530}
             for i, (node, lns) in enumerate(distinct_kernel_nodes(pkg, phase)):
                 c = check_node(node, lns, sizes, device=device, seed=seed + 1000 * T + i, kernel_dir=kdir)

@@ -25,6 +25,7 @@ def build(g, m):
     same = (m["kc"] is qk.outputs[1] and m["vc"] is qk.outputs[2] and m["slot"] is qk.inputs[7]
             and m["pos"] is qk.inputs[8] and len(attn.inputs) == 5 + len(extras) + 2 * gate
             and all(a is b for a, b in zip(attn.inputs[5:], extras)))
+    same = same and all(qk.attrs.get(k) == attn.attrs.get(k) for k in ("window", "paged"))  # one cache layout
     q = qk.outputs[0]
     if not same or any(u is not attn for u in m.users.get(q, [])) or any(v is q for v in g.outputs.values()):
         return None  # another cache, or q read elsewhere
