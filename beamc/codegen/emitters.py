@@ -13,7 +13,7 @@ from typing import Any
 from beamc.codegen.kernel import KernelSpec
 from beamc.codegen.registry import Context, emits
 from beamc.ir.graph import Graph, Node, Value
-from beamc.ir.ops import OPS
+from beamc.ir.ops import OPS, qk_attention_parts
 
 
 @dataclass(frozen=True)
@@ -240,19 +240,18 @@ MOE_DEQUANT_DOWN_MIN_TOKENS = 16384
 # Up to this many tokens (the combine_experts pass), the decode kernel's COMBINE render: the top-k combine in its down
 # GEMM's epilogue, one launch less. Measured on the H200 2026-12-01 (bench/results/moe-combine-2026-12-01-s10run5.json,
 # re-laid-out weights, us per MoE layer in a CUDA graph of 8 layers, two launches / COMBINE, bits equal): T = 1 20.4 /
-# 21.1, 2 30.0 / 29.8, 4 52.0 / 46.6, 8 96.9 / 87.3. In the whole decode step (T = 1) it measured slower too, but those
-# runs (full-model-2026-12-01-s10run{3,4,5}*.json) had lost the experts' relayout (a moe_combine launch of the op was
-# counted as a reader of its weights; fixed in `Package.nvfp4_relayouts`): not measured in the step as it now compiles.
-# Off (0) until it is; the pass still moves the combine into the op, and the emitter then runs the two launches as
-# before it.
+# 21.1, 2 30.0 / 29.8, 4 52.0 / 46.6, 8 96.9 / 87.3. In the whole decode step at T = 1 (full-model-2026-12-01-s11run1
+# against -s11run1-combine1, the experts re-laid out): 2.918 ms with two launches, 2.971 with COMBINE. Off (0) at
+# T = 1; T = 4-8 (batched or speculative decode) not measured in a step. The pass still moves the combine into the
+# op, and the emitter then runs the two launches as before it.
 MOE_COMBINE_MAX_TOKENS = 0
 MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS, "basis": "measured",
                       "figures": [{"tokens": t, "two_launches_us": a, "combine_us": b}
                                   for t, a, b in ((1, 20.38, 21.07), (2, 29.99, 29.79), (4, 51.97, 46.64),
                                                   (8, 96.94, 87.31))],
-                      "in_step": "not measured with the experts re-laid out (the s10 runs lost the relayout)",
+                      "in_step": {"tokens": 1, "two_launches_ms": 2.918, "combine_ms": 2.971},
                       "source": "bench/results/moe-combine-2026-12-01-s10run5.json, "
-                                "full-model-2026-12-01-s10run5-combine.json"}
+                                "full-model-2026-12-01-s11run1.json, full-model-2026-12-01-s11run1-combine1.json"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}
@@ -360,8 +359,7 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     pass makes none there; a hand-built graph may hold one) the two launches it stands for: qk_norm_pos_kv into a
     scratch q, then the attention."""
     a = node.attrs
-    q, kc, vc, slot, pos = (node.inputs[i] for i in (0, 5, 6, 7, 8))
-    n = len(node.inputs) - (2 if a["gate"] else 0)
+    q, kc, vc = (node.inputs[i] for i in (0, 5, 6))
     if g.meta["phase"] == "decode":
         paged = bool(a.get("paged"))
         return [kernel(node, "attention_decode", ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2],
@@ -370,9 +368,10 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
                        **attention_decode_tiles(a["window"] or 0))]
     s = "scratch:qk_q"
     qn = Value("q_normed", tuple(q.shape), q.dtype)
-    qk = Node("qk_norm_pos_kv", list(node.inputs[:n]), [qn, kc, vc], a, layer=node.layer)
-    att = Node("attention_gate" if a["gate"] else "attention",
-               [qn, kc, vc, slot, pos, *node.inputs[9:n], *node.inputs[n:]], [node.outputs[0]], a, layer=node.layer)
+    qk_ins, rest = qk_attention_parts(node.inputs, a["gate"])
+    qk = Node("qk_norm_pos_kv", qk_ins, [qn, kc, vc], a, layer=node.layer)
+    att = Node("attention_gate" if a["gate"] else "attention", [qn, kc, vc, *rest], [node.outputs[0]], a,
+               layer=node.layer)
     first = _qk_norm_pos_kv(qk, g, ctx)[0]
     second = _attention(att, g, ctx)[0]
     return [dataclasses.replace(first, args=first.args[:-1] + (s,), scratch=((s, tuple(q.shape), q.dtype),)),

@@ -67,7 +67,8 @@ class Package:
     # runs of 2026-12-01; off: `--no-moe-dequant`)
     moe_dequant: bool = True
     # up to this many tokens the MoE decode kernel's COMBINE render (the combine_experts pass's op); None: the
-    # emitter's default (`emitters.MOE_COMBINE_MAX_TOKENS`, 0: off until measured in the step); `--moe-combine-max-tokens`
+    # emitter's default (`emitters.MOE_COMBINE_MAX_TOKENS`, 0: off, slower in the step at T = 1);
+    # `--moe-combine-max-tokens`
     moe_combine_max_tokens: int | None = None
     # > 0: full-attention prefill over fp8 caches converts the step's K/V once into a bf16 mirror of this many pages
     # (`--attention-mirror PAGES|auto`; auto by default since the H200 run of 2026-12-01: `auto_mirror_pages`)

@@ -266,12 +266,18 @@ register("qk_norm_pos_kv", _qk_kv_infer, "q/k norm + RoPE/SSMax, and K/V written
          state_io=((5, 1), (6, 2)))
 
 
+def qk_attention_parts(ins: list, gate: bool) -> tuple[list, list]:
+    """A qk_attention's inputs (qk_norm_pos_kv's, then with `gate` the output gate's g and b) as (qk_norm_pos_kv's
+    inputs, the attention's inputs after q and the two caches: slot, pos, the extras, g and b)."""
+    n = len(ins) - (2 if gate else 0)
+    return list(ins[:n]), [ins[7], ins[8], *ins[9:n], *ins[n:]]
+
+
 def _qk_attention_infer(ins, attrs) -> Types:
-    """qk_norm_pos_kv's inputs, then (gate) the output gate's g and b."""
-    n = len(ins) - (2 if attrs.get("gate") else 0)
-    q, kc, vc = _qk_kv_infer(ins[:n], attrs)
-    att = [ins[0], ins[5], ins[6], ins[7], ins[8], *ins[9:n]]  # (the attention's inputs: q, the caches, slot, pos, ...)
-    (_attention_gate_infer(att + list(ins[n:]), attrs) if attrs.get("gate") else _attention_infer(att, attrs))
+    qk_ins, rest = qk_attention_parts(ins, attrs.get("gate", False))
+    q, kc, vc = _qk_kv_infer(qk_ins, attrs)
+    att = [ins[0], ins[5], ins[6], *rest]  # (q's shape is the normed q's)
+    (_attention_gate_infer if attrs.get("gate") else _attention_infer)(att, attrs)
     return [q, kc, vc]
 
 

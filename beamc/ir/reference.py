@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from beamc.checkpoint import nvfp4
 from beamc.errors import BeamcError
 from beamc.ir.dtypes import torch_dtype
-from beamc.ir.ops import OPS
+from beamc.ir.ops import OPS, qk_attention_parts
 
 REFS: dict[str, Callable[[list[torch.Tensor], dict[str, Any]], tuple[torch.Tensor, ...]]] = {}
 RANK_REFS: dict[str, Callable[[list[list[torch.Tensor]], dict[str, Any]], list[tuple[torch.Tensor, ...]]]] = {}
@@ -469,10 +469,9 @@ REFS["attention_gate"] = lambda t, a: (REFS["sigmoid_gate"]([REFS["attention"](t
 def qk_attention_ref(t, a):
     """The qk_attention pass's op: qk_norm_pos_kv, then attention (gate: attention_gate) over the written caches,
     each exactly as its own op computes it (the fusion is bitwise)."""
-    n = len(t) - (2 if a.get("gate") else 0)
-    q, kc, vc = qk_norm_pos_kv_ref(*t[:n], a=a)
-    att = [q, kc, vc, t[7], t[8], *t[9:n], *t[n:]]
-    return REFS["attention_gate" if a.get("gate") else "attention"](att, a)[0], kc, vc
+    qk_ins, rest = qk_attention_parts(t, a.get("gate", False))
+    q, kc, vc = qk_norm_pos_kv_ref(*qk_ins, a=a)
+    return REFS["attention_gate" if a.get("gate") else "attention"]([q, kc, vc, *rest], a)[0], kc, vc
 
 
 REFS["qk_attention"] = qk_attention_ref
