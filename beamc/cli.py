@@ -125,6 +125,16 @@ def _parser() -> argparse.ArgumentParser:
                         "(the default): pages for 8 sequences of "
                         "max_position_embeddings, at most 512 MiB (the TP-8 prefill step 626 -> 542 ms on the H200); "
                         "0: off")
+    c.add_argument("--prefill-attention-gate", action=argparse.BooleanOptionalAction, default=False,
+                   help="prefill steps apply the output gate in the attention kernel's epilogue (the attention_gate "
+                        "pass's op); by default (--no-prefill-attention-gate) the attention, then the sigmoid_gate "
+                        "kernel: the same roundings, and the TP-8 prefill step measured 457 against 461 ms with the "
+                        "fused render on the H200 (docs/perf-log.md, twelfth session); decode steps always fuse")
+    c.add_argument("--set", action="append", default=[], metavar="TEMPLATE.CONSTANT=VALUE",
+                   help="pin a template constant in every kernel of the package rendered from TEMPLATE (repeatable; "
+                        "e.g. attention_decode.NUM_WARPS=8): for kernel engineers trying a tile or a render option in "
+                        "the whole model; recorded in the manifest (values: YAML scalars; the names are checked "
+                        "against the templates)")
     c.set_defaults(fn=_cmd_compile)
 
     h = sub.add_parser("import-hf", help="write the spec YAML for a HF BeamConfig config.json")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from beamc.checkpoint.layout import TensorInfo, graph_params, rank_dims, rank_shape
 from beamc.compiler import compile_spec
+from beamc.errors import BeamcError
 from beamc.ir import dtypes
 from beamc.ir.graph import Graph
 from beamc.ir.lower import layer_kind
@@ -213,6 +214,12 @@ def ablation_lines(results: Path = RESULTS) -> list[str]:
 
 
 def compile_command(args: argparse.Namespace) -> None:
+    from beamc.codegen.overrides import parse_overrides
+
+    overrides = parse_overrides(getattr(args, "set", None))  # checked before any work
+    if overrides and not getattr(args, "output", None):
+        raise BeamcError("--set", "template overrides shape the generated package, and none is written",
+                         "add -o DIR")
     spec = load_spec(args.spec)
     names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
     compiled = compile_spec(spec, tp=args.tp, ranks=[args.rank], passes=names, dump_dir=args.dump_ir)
@@ -235,7 +242,9 @@ def compile_command(args: argparse.Namespace) -> None:
                               nvfp4_relayout=getattr(args, "nvfp4_relayout", True),
                               moe_dequant=getattr(args, "moe_dequant", True),
                               attention_mirror_pages=getattr(args, "attention_mirror", None),
-                              moe_combine_max_tokens=getattr(args, "moe_combine_max_tokens", None))
+                              moe_combine_max_tokens=getattr(args, "moe_combine_max_tokens", None),
+                              prefill_attention_gate=getattr(args, "prefill_attention_gate", False),
+                              template_overrides=overrides)
         out = pkg.write(args.output)
         lib = sum(1 for st in pkg.steps.values() for _, ln in st.launches if ln.kernel is None)
         print(f"wrote {out}: {len(pkg.kernels)} generated kernels ({args.target}), step.py "

@@ -94,13 +94,18 @@ def free(device) -> None:
 
 
 def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag: str, bw: float | None,
-            gemm_tflops: float | None = None, profile: bool = False, copy_bw: float | None = None) -> dict:
+            gemm_tflops: float | None = None, profile: bool = False, copy_bw: float | None = None,
+            overrides: dict | None = None, prefill: bool = True, options: dict | None = None) -> dict:
+    """One package (these passes; `overrides`: template constants pinned, `beamc compile --set`; `options`: more
+    `compile_package` keywords) on the shared weights: batch-1 decode at the context and, with `prefill`, the
+    batch x chunk prefill after it."""
     from beamc.runtime.model import Model
 
-    row: dict = {"passes": passes}
+    row: dict = {"passes": passes, **({"template_overrides": overrides} if overrides else {}),
+                 **({"compile_options": options} if options else {})}
     t = time.perf_counter()
     package = compile_package(spec, tp=a.tp, rank=0, passes=passes, dtype="f32" if a.dry else None,
-                              nvfp4_relayout=a.nvfp4_relayout)
+                              **{"nvfp4_relayout": a.nvfp4_relayout, **(options or {})}, template_overrides=overrides)
     pkg = package.write(tmpdir / tag)
     row["compile_s"] = round(time.perf_counter() - t, 1)
     lib_static = sum(1 for _, ln in package.steps["decode"].launches if ln.kernel is None)
@@ -143,6 +148,8 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
                                "read_tb_s": bw}
             if copy_bw:
                 row["roofline"]["fraction_at_copy_rate"] = nbytes["total"] / (copy_bw * 1e12) * 1e3 / row["decode"]["ms"]
+        if not prefill:
+            return row
         # ---- prefill: batch x chunk tokens after `context` each
         seqs = [f"p{i}" for i in range(a.batch)]
         for i, s in enumerate(seqs):

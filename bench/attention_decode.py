@@ -11,6 +11,7 @@ dequantised values; SDPA has no fp8 or paged input), in a CUDA graph. TB/s = K a
 (the cache dtype) / time; outputs checked against attention_ref (rel err, printed and recorded).
 
     python bench/attention_decode.py --dry     # the tiny fp32 path under Triton's CPU interpreter (no timing meaning)
+    ncu ... python bench/attention_decode.py --ncu-qkn sliding:f8e4m3:4096   # the step's QKN render, for ncu
 """
 from __future__ import annotations
 
@@ -225,6 +226,48 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def qkn_ncu_launches(kind: str, cache: str, context: int, reps: int = 3, device: str = "cuda",
+                     overrides: dict | None = None) -> dict:
+    """The decode step's QKN render (the qk_attention op's kernel exactly as `beamc compile models/beam.yaml --tp 8`
+    emits it for a `kind` layer over a `cache` cache, with `overrides` pinned: `--set`) launched `reps` times on one
+    token at `context`, no graphs, no timing: for `ncu --kernel-name regex:^kernel$` (two launches per rep: stage 0,
+    then the merge). Returns what ran (constants, splits)."""
+    from test_kernels_attention_decode import qkn_inputs
+
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import PASSES
+
+    spec = load_spec(ROOT / "models/beam.yaml")
+    data = spec.model_dump()
+    data["dtypes"]["kv_cache"] = "fp8" if cache == "f8e4m3" else "bfloat16"
+    data["max_position_embeddings"] = max(spec.max_position_embeddings, context + 16)
+    from beamc.spec import parse_spec
+
+    pkg = compile_package(parse_spec(data), tp=8, passes=list(PASSES), phases=("decode",),
+                          template_overrides=overrides)
+    want = 0 if kind == "full" else spec.effective_window
+    (ks,) = {k.name: k for k in pkg.kernels.values()
+             if k.op == "qk_attention" and k.constants["WINDOW"] == want}.values()
+    c = ks.constants
+    mod = load_kernel(ks, tempfile.mkdtemp(prefix="beamc_ncu_qkn_"))
+    case = make_case(c, [(0, [context - 1])], cap=c["WINDOW"] or None, seed=context, device=device,
+                     scales=(0.02, 0.01))
+    _, kc, vc, slot, pos, *extras = case["args"]
+    x = qkn_inputs(c, case, seed=1, device=device)
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    dt = x["raw"][0].dtype
+    g = torch.randn(x["raw"][0].shape, generator=gen).to(dt).to(device)
+    b = torch.randn(c["HQ"], 1, generator=gen).to(dt).to(device)
+    out = torch.full_like(x["raw"][0], float("nan"))
+    for _ in range(reps):
+        mod.launch(*x["raw"], *x["w"], kc, vc, slot, pos, *extras, g, b, out)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert not out.isnan().any(), "QKN left outputs unwritten"
+    return dict(kernel=ks.name, kind=kind, cache=cache, context=context, splits=mod.num_splits(1, context),
+                constants={k: v for k, v in c.items() if k.isupper()})
+
+
 def main() -> int:
     """--dry: the tiny fp32 path on CPU. Else on the GPU: --cases kind:kv:context,... (default: every case of
     `_cases`), --out DIR writes attention-decode-sweep-<date>.json there (command, date, device, records)."""
@@ -237,7 +280,14 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--configs", default=None, help="labels of CONFIGS to sweep, comma-separated")
     ap.add_argument("--cases", default=None, help="kind:kv:context,... e.g. full:f8e4m3:100000,sliding:f8e4m3:4096")
+    ap.add_argument("--ncu-qkn", default=None, metavar="KIND:KV:CONTEXT", help="only launch the decode step's QKN "
+                    "render (the qk_attention kernel as the compiler emits it at TP 8) 3 times at this case, no "
+                    "graphs, no timing: for `ncu --kernel-name regex:^kernel$` (e.g. sliding:f8e4m3:4096)")
     a = ap.parse_args()
+    if a.ncu_qkn:
+        kind, kv, n = a.ncu_qkn.split(":")
+        print(qkn_ncu_launches(kind, kv, int(n)))
+        return 0
     global _cases, CONFIGS
     if a.configs:
         CONFIGS = tuple(x for x in CONFIGS if x[0] in a.configs.split(","))

@@ -2,8 +2,12 @@
 
 Imported by `bench/kernels.py` (`bench_cases(graph_time, copy_bw)`); the records join its JSON:
 - `gemv` (the generated small-M GEMM with its epilogue) at the full spec's TP-8 shapes (packed QKV+gate, o_proj,
-  dense gate_up+SwiGLU, down, lm_head+soft-cap), M = 1, 8, 64, beside cuBLAS (`torch.mm` into a fixed output; for
-  the epilogue shapes the bare GEMM, so cuBLAS is credited with a free epilogue), TB/s of weights streamed;
+  dense gate_up+SwiGLU, down, lm_head+soft-cap), M = 1, 4, ..., 64, beside the step's library route for the op
+  (`baseline_us`: what a step runs where the compiler does not choose the kernel: `beamc.runtime.library`'s cuBLAS
+  calls and the generated epilogue kernel after them: QKV+gate one GEMM then the copies into its parts, gate_up two
+  GEMMs then the SwiGLU kernel, lm_head the GEMM then the soft-cap kernel) and the bare GEMM (`bare_gemm_us`: one
+  `torch.mm` into a fixed output, the epilogue free; until 2026-12-01's twelfth session the choice table compared
+  with this one), TB/s of weights streamed;
 - `moe_nvfp4_decode` at M = 1, 8, 64 (8 experts per token of 256, NVFP4), TB/s of the distinct chosen experts'
   bytes, beside the library route: the same experts' bf16 weights gathered and multiplied by torch (bmm), which is
   what the step does today without the kernel.
@@ -44,11 +48,13 @@ def _gemv_cases(graph_time, kdir, device) -> list[dict]:
             y = torch.empty(M, w.shape[0], dtype=torch.bfloat16, device=device)
             x = ins[0]
             tb = graph_time(lambda: torch.mm(x, w.t(), out=y), 50)
+            route, label = _library_route(epi, ins, [s for s, _ in outs], M, N, kdir, device)
+            tr = graph_time(route, 50)
             wbytes = sum(a.numel() * a.element_size() for a in ins[1:])
             rec = {"kernel": f"gemv {name}", "op": ks.op, "tokens": M, "us": t * 1e6,
                    "tb_s": wbytes / t / 1e12, "tflops": 2 * M * w.numel() / t / 1e12,
-                   "baseline": "cuBLAS torch.mm (bare GEMM), CUDA graph", "baseline_us": tb * 1e6,
-                   "bytes": wbytes, "shape": [K, int(w.shape[0])]}
+                   "baseline": f"the step's library route: {label}, CUDA graph", "baseline_us": tr * 1e6,
+                   "bare_gemm_us": tb * 1e6, "bytes": wbytes, "shape": [K, int(w.shape[0])]}
             if M == 1 and mod.ONE_PASS:  # beside it, T = 1 through partials and a second launch (ONE_PASS off)
                 two = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits, ONE_PASS=False)[0], kdir)
                 ref = [g.clone() for g in got]
@@ -61,6 +67,32 @@ def _gemv_cases(graph_time, kdir, device) -> list[dict]:
                       f"{tb * 1e6:.2f} us, rel diff {rec['two_launch_rel_diff']:.1e}")
             out.append(rec)
     return out
+
+
+def _library_route(epi: str, ins, out_shapes, M: int, N: int, kdir, device):
+    """(fn, label): the launches a decode step runs for this op where the compiler does not choose the gemv kernel
+    (`beamc.codegen.emitters`: the library call of `beamc.runtime.library`, then the generated epilogue kernel),
+    into buffers of their own."""
+    from beamc.runtime import library as L
+
+    dt = torch.bfloat16
+    if epi == "swiglu":  # linear2 into two scratch buffers, then the SwiGLU kernel
+        g, u, o = (torch.empty(M, N, dtype=dt, device=device) for _ in range(3))
+        sw = load_kernel(KernelSpec("swiglu", "gate_up_swiglu", {"DTYPE": "bf16", "PDL": True, "F": N,
+                                                                 "PACKED": False}), kdir)
+        return (lambda: (L.linear2(ins[0], ins[1], ins[2], g, u), sw.launch(g, u, o)),
+                "linear2 (two cuBLAS GEMMs) + the swiglu kernel")
+    if epi == "softcap":  # the lm_head GEMM into a scratch, then the fp32 soft-cap kernel
+        raw = torch.empty(M, N, dtype=dt, device=device)
+        o = torch.empty(M, N, dtype=torch.float32, device=device)
+        sc = load_kernel(KernelSpec("softcap", "linear_softcap", {"DTYPE": "bf16", "PDL": True, "V": N,
+                                                                  "CAP": 30.0}), kdir)
+        return (lambda: (L.linear(ins[0], ins[1], raw), sc.launch(raw, o)),
+                "linear (cuBLAS GEMM) + the softcap kernel")
+    outs = [torch.empty(*s, dtype=dt, device=device) for s in out_shapes]
+    if epi == "split":
+        return lambda: L.linear_packed(ins[0], ins[1], *outs), "linear_packed (one cuBLAS GEMM + a copy per part)"
+    return lambda: L.linear(ins[0], ins[1], outs[0]), "linear (cuBLAS GEMM)"
 
 
 def _moe_cases(graph_time, kdir, device) -> list[dict]:

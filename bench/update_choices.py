@@ -30,7 +30,16 @@ def table(run: dict, source: str) -> dict:
             {"tokens": r["tokens"], "kernel_us": round(r["us"], 2), "library_us": round(r["baseline_us"], 2)})
     facts = run.get("facts", {})
     return {"source": f"{source} ({facts.get('device', '?')}, {facts.get('date', '?')}: {facts.get('command', '')}; "
-                      "library = cuBLAS torch.mm of the bare GEMM in the same run)", "shapes": shapes}
+                      f"library = {_library_label(run)} in the same run)", "shapes": shapes}
+
+
+def _library_label(run: dict) -> str:
+    """What the run's baseline_us timed: the step's library route (since the twelfth session, 2026-12-01) or, in older
+    runs, the bare GEMM."""
+    routes = {r["baseline"] for r in run["records"] if r["kernel"].startswith("gemv ") and r.get("baseline")}
+    if routes and all(b.startswith("the step's library route") for b in routes):
+        return "the step's library route (cuBLAS calls + the generated epilogue kernel, as the step runs them)"
+    return "cuBLAS torch.mm of the bare GEMM"
 
 
 def main() -> None:

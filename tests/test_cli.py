@@ -93,6 +93,12 @@ def test_logits_same_bits_with_and_without_passes(tmp_path, tiny_ckpt_nvfp4, cap
     (["init-weights", "models/beam-tiny.yaml", "-o", "/proc/x/ck"],
      "-o: cannot create directory /proc/x/ck: No such file or directory"),
     (["init-weights", "models/beam-tiny.yaml", "-o", "models/beam.yaml"], "exists and is not a directory"),
+    (["compile", "models/beam-tiny.yaml", "--set", "attention_decode.NUM_WARPS=8"],
+     "--set: template overrides shape the generated package, and none is written (add -o DIR)"),
+    (["compile", "models/beam-tiny.yaml", "--set", "attention_decode.WARPS=8", "-o", "/tmp/beamc-never"],
+     "--set attention_decode.WARPS: template attention_decode reads no constant 'WARPS'"),
+    (["compile", "models/beam-tiny.yaml", "--set", "warps=8", "-o", "/tmp/beamc-never"],
+     "--set 'warps=8': not of the form TEMPLATE.CONSTANT=VALUE"),
 ])
 def test_bad_input_is_one_message_and_exit_2(argv, message, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -398,3 +404,16 @@ def test_init_weights_describes_what_config_json_can_and_warns_about_the_rest(tm
     assert cfg["sliding_window"] == data["attention"]["sliding"]["window"] + 1
     err = capsys.readouterr().err
     assert err.count("warning") == 1 and "norm.weight_form = 1+w" in err and "qk_norm" not in err
+
+
+def test_compile_set_pins_a_template_constant_in_the_package(tmp_path, capsys):
+    """`beamc compile ... -o DIR --set TEMPLATE.CONSTANT=VALUE`: the package's kernels of that template carry the
+    value and the manifest records the overrides."""
+    out = tmp_path / "pkg"
+    assert main(["compile", TINY, "-o", str(out), "--set", "attention_decode.NUM_WARPS=2",
+                 "--set", "rmsnorm_boundary.EPS=0.5"]) in (0, None)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["template_overrides"] == {"attention_decode": {"NUM_WARPS": 2}, "rmsnorm_boundary": {"EPS": 0.5}}
+    att = [k for k in man["kernels"].values() if k["template"] == "attention_decode.py.j2"]
+    assert att and all(k["constants"]["NUM_WARPS"] == 2 for k in att)
+    assert not (Path("/tmp/beamc-never")).exists()

@@ -31,14 +31,19 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     templates = {k["template"] for k in man["kernels"].values()}
     assert {"rmsnorm_boundary.py.j2", "qk_norm_pos_kv.py.j2", "moe_router.py.j2",
             "embed_norm.py.j2", "swiglu.py.j2", "softcap.py.j2"} <= templates
-    assert "sigmoid_gate.py.j2" not in templates  # (the attention_gate pass: in the attention kernels' epilogue)
-    assert all(k["constants"].get("GATE") for k in man["kernels"].values() if k["template"].startswith("attention"))
+    # the attention_gate pass: in decode the gate is in the attention kernel's epilogue; in prefill (measured faster,
+    # `prefill_attention_gate`) the attention then the sigmoid_gate kernel
+    gate = [k for k in man["kernels"].values() if k["template"] == "sigmoid_gate.py.j2"]
+    assert gate and all(k["launches_per_step"].keys() == {"prefill"} for k in gate)
+    assert all(bool(k["constants"].get("GATE")) == (k["template"] == "attention_decode.py.j2")
+               for k in man["kernels"].values() if k["template"].startswith("attention"))
     k = next(v for v in man["kernels"].values() if v["op"] == "qk_norm_pos_kv")
     assert k["constants"]["MODE"] in ("rope", "ssmax") and k["grid"] and k["weights"][0]["param"].endswith("q_norm.weight")
     phases = {name: sorted(v["launches_per_step"]) for name, v in man["kernels"].items()}
     router = sorted(p for name, p in phases.items() if name.startswith("moe_router"))
     assert router == [["decode"], ["prefill"]]  # small-M path for decode, tensor cores for prefill
-    decode_only = ("moe_router", "gemv", "attention_decode", "attention_prefill", "qk_norm_pos_kv")  # per phase
+    decode_only = ("moe_router", "gemv", "attention_decode", "attention_prefill", "qk_norm_pos_kv",  # per phase
+                   "sigmoid_gate")
     assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("qk_norm_pos_kv"))
     # (the qk_attention pass: at decode the norms, RoPE / SSMax and the cache write run in the attention kernel)
     assert all(v["constants"].get("QKN") for v in man["kernels"].values() if v["template"].startswith("attention_d"))
@@ -218,13 +223,17 @@ def test_qk_attention_emits_the_qkn_render_at_decode_and_two_launches_elsewhere(
     assert one.kernel.constants["MODE"] == node.attrs["mode"] and one.kernel.constants["GATE"]
     g.meta["phase"] = "prefill"
     try:
-        first, second = launches(node, g, ctx)
+        first, second = launches(node, g, Context(target="sm90", dtype="bf16", prefill_attention_gate=True))
+        first2, second2, gate = launches(node, g, ctx)  # (the default: the gate after the attention in prefill)
     finally:
         g.meta["phase"] = "decode"
     assert first.kernel.template == "qk_norm_pos_kv" and second.kernel.template == "attention_prefill"
     assert first.args[-1] == second.args[0] == "scratch:qk_q" and first.scratch[0][0] == "scratch:qk_q"
     assert first.args[:-1] == io(node)[:len(first.args) - 1] and second.args[-1] == node.outputs[0].name
     assert second.args[-3:-1] == tuple(v.name for v in node.inputs[-2:])  # the gate's g and b
+    assert first2 == first and second2.args[0] == "scratch:qk_q" and not second2.kernel.constants["GATE"]
+    assert gate.kernel.template == "sigmoid_gate" and second2.args[-1] == gate.args[0] == "scratch:attn_o"
+    assert gate.args[1:] == tuple(v.name for v in node.inputs[-2:]) + (node.outputs[0].name,)
 
 
 def test_prefill_options_reach_the_kernels_and_the_manifest():
@@ -282,3 +291,112 @@ def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
                    for _, ln in off.steps["decode"].launches)
     with pytest.raises(BeamcError, match="--moe-combine-max-tokens"):
         compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=-1)
+
+
+def test_template_overrides_pin_constants_in_every_kernel_of_their_template(tmp_path):
+    """`template_overrides` (`beamc compile --set TEMPLATE.CONSTANT=VALUE`): every kernel rendered from the template
+    takes the value (its source says so), the other templates' kernels are untouched, the manifest records it, and
+    the manifest's record rebuilds the same package (what the runtime does at load)."""
+    import json
+
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+    base = compile_package(tiny, passes=ALL, phases=("decode",))
+    over = compile_package(tiny, passes=ALL, phases=("decode",),
+                           template_overrides={"attention_decode": {"NUM_WARPS": 2, "PREFETCH": False}})
+    att = [k for k in over.kernels.values() if k.template == "attention_decode"]
+    assert att and all(k.constants["NUM_WARPS"] == 2 and k.constants["PREFETCH"] is False for k in att)
+    assert all("NUM_WARPS = 2" in k.source() for k in att)
+    others = lambda p: sorted(n for n, k in p.kernels.items() if k.template != "attention_decode")  # noqa: E731
+    assert others(over) == others(base)  # (names hash the constants: the same kernels)
+    assert not set(n for n, k in base.kernels.items() if k.template == "attention_decode") & set(over.kernels)
+    man = json.loads(json.dumps(over.manifest(), default=str))
+    assert man["template_overrides"] == {"attention_decode": {"NUM_WARPS": 2, "PREFETCH": False}}
+    assert base.manifest()["template_overrides"] == {}
+    again = compile_package(tiny, passes=ALL, phases=("decode",), template_overrides=man["template_overrides"])
+    assert sorted(again.kernels) == sorted(over.kernels) and render_steps(again) == render_steps(over)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"attention": {"NUM_WARPS": 2}}, "no kernel template 'attention'"),
+    ({"attention_decode": {"NUM_WARP": 2}}, "reads no constant 'NUM_WARP'"),
+    ({"attention_prefill": {"NUM_WARPS": 8}}, "no kernel of this package is rendered from this template"),
+])
+def test_template_overrides_refuse_what_would_do_nothing(overrides, match):
+    """A misspelt template or constant, or a template the package does not use, is one error naming it: an override
+    that silently changed nothing would make a benchmark measure the default under another name."""
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+    with pytest.raises(BeamcError, match=match):
+        compile_package(tiny, passes=ALL, phases=("decode",), template_overrides=overrides)
+
+
+def test_parse_overrides_reads_yaml_scalars():
+    from beamc.codegen.overrides import parse_overrides
+
+    got = parse_overrides(["attention_decode.KV_TILES=true", "attention_decode.NUM_WARPS=8",
+                           "gemv.SMS=132", "attention_decode.MERGE_D=16", "moe_router.PATH=small"])
+    assert got == {"attention_decode": {"KV_TILES": True, "NUM_WARPS": 8, "MERGE_D": 16}, "gemv": {"SMS": 132},
+                   "moe_router": {"PATH": "small"}}
+    for bad in ("attention_decode.NUM_WARPS", "NUM_WARPS=8", "attention_decode.=8", "attention_decode.NUM_WARPS="):
+        with pytest.raises(BeamcError, match="TEMPLATE.CONSTANT=VALUE"):
+            parse_overrides([bad])
+
+
+def test_gemm_choices_follow_the_measured_table():
+    """`codegen.choices`: per measured shape, the generated kernel up to the first token count where the step's
+    library route was faster; an unmeasured shape takes the kernel at one token (the rule). The H200 table of the
+    twelfth session (library = the route a step runs: gate_up's two cuBLAS GEMMs + the SwiGLU kernel): the dense
+    gate_up+SwiGLU takes the kernel up to 64 tokens, the dense down stays with cuBLAS at one token."""
+    from beamc.codegen.choices import choose
+
+    assert choose("sm90", "gate_up_swiglu", 5120, 2560).max_tokens == 64
+    assert choose("sm90", "linear", 2560, 5120).max_tokens == 0
+    assert choose("sm90", "linear", 768, 5120).max_tokens == 1
+    c = choose("sm90", "linear", 1234, 567)
+    assert (c.max_tokens, c.basis) == (1, "rule")
+    assert "library route" in choose("sm90", "linear", 768, 5120).source
+
+
+_UNGATED_PREFILL = """
+import json, sys
+from beamc.codegen.check import check_node
+from beamc.codegen.package import compile_package
+from beamc.passes.manager import PASSES
+from beamc.spec import load_spec
+spec = load_spec(sys.argv[1])
+pkg = compile_package(spec, passes=list(PASSES), dtype="f32", phases=("prefill",), prefill_attention_gate=False)
+rows = []
+for node, lns in pkg.steps["prefill"].by_node():
+    if node.op == "attention_gate" and node.layer in (0, 5):  # a sliding and a full layer of the tiny spec
+        mp = (530 + 37) // 16 + 2
+        sizes = {"T": 37, "B": 37, "S": 3, "Cs": spec.effective_window - 1 + 37, "P": 3 * mp, "MP": mp, "R": 2,
+                 "V": spec.vocab_size, "E": spec.mlp.moe.num_experts, "P0": 530}
+        c = check_node(node, lns, sizes, seed=node.layer)
+        rows.append(dict(c.as_dict(), templates=[ln.kernel.template for ln in lns]))
+json.dump(rows, open(sys.argv[2], "w"))
+"""
+
+
+def test_prefill_attention_gate_off_is_the_attention_then_the_gate_kernel(tmp_path):
+    """`prefill_attention_gate=False` (the default since the twelfth session; `--prefill-attention-gate` fuses): a
+    prefill step runs an attention_gate op as the plain attention into a scratch, then the sigmoid_gate kernel; decode
+    keeps the fused render; the manifest records the choice and its figures. fp32, Triton interpreter: the chain equals the op's reference (a sliding and a full layer)."""
+    from conftest import run_interpreted
+
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+    pkg = compile_package(tiny, passes=ALL, prefill_attention_gate=False)
+    pre = [(n.layer, ln) for n, ln in pkg.steps["prefill"].launches if n.op == "attention_gate"]
+    assert [ln.kernel.template for _, ln in pre[:2]] == ["attention_prefill", "sigmoid_gate"]
+    assert not any(ln.kernel.constants.get("GATE") for _, ln in pre if ln.kernel.template == "attention_prefill")
+    assert pre[0][1].args[-1] == pre[1][1].args[0] == "scratch:attn_o"
+    dec = [ln for n, ln in pkg.steps["decode"].launches if n.op == "qk_attention"]
+    assert dec and all(ln.kernel.constants["GATE"] for ln in dec)
+    assert pkg.manifest()["prefill_attention_gate"]["fused"] is False
+    fused = compile_package(tiny, passes=ALL, prefill_attention_gate=True)
+    assert fused.manifest()["prefill_attention_gate"]["fused"] is True
+    assert all(ln.kernel.constants["GATE"] for n, ln in fused.steps["prefill"].launches if n.op == "attention_gate")
+    out = tmp_path / "ungated.json"
+    rows = run_interpreted(["-c", _UNGATED_PREFILL, str(ROOT / "models/beam-tiny.yaml"), str(out)], out)
+    assert len(rows) == 2, rows
+    for r in rows:
+        assert r["templates"] == ["attention_prefill", "sigmoid_gate"] and r["nan"] == 0, r
+        assert r["max_rel"] < 1e-5, r

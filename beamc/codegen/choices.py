@@ -1,10 +1,13 @@
 """Which kernel computes a GEMM-class op, decided from measurements: the generated small-M kernel (`gemv`,
 `moe_nvfp4_decode`) or a library call (cuBLAS through torch).
 
-`bench/kernels.py` times each generated kernel beside cuBLAS at one TP-8 rank's shapes and M = 1, 8, 64 in the same
-run; `measured/<target>.json` keeps, per shape, those figures (copied from `bench/results/`, with the run they came
+`bench/kernels.py` times each generated kernel beside the library route a step runs without it (`bench/gemm.py`: the
+cuBLAS calls of `beamc.runtime.library` and the generated epilogue kernel after them, e.g. the dense gate_up's two
+GEMMs then the SwiGLU kernel; until 2026-12-01's twelfth session one bare GEMM, which credited cuBLAS with a free
+epilogue and a single launch) at one TP-8 rank's shapes and M = 1 .. 64 in the same run; `measured/<target>.json`
+keeps, per shape, those figures (copied from `bench/results/` by `bench/update_choices.py`, with the run they came
 from). For a shape it has measured, the compiler takes the generated kernel for every token count up to the largest
-measured M at which the kernel was at least as fast as cuBLAS (and at every smaller measured M). A shape nobody has
+measured M at which the kernel was at least as fast as the library route (and at every smaller measured M). A shape nobody has
 measured (another spec, another target) takes the generated kernel at M = 1 only: the rule every measured shape
 has followed so far on the H200, said as such in the manifest. The choice is made per step at run time from the
 step's token count (fixed per CUDA-graph bucket), so `step.py` holds both launches, each under its condition.

@@ -58,8 +58,9 @@ def kernel(node: Node, template: str, ctx: Context, args: tuple[str, ...] | None
     """A generated kernel's launch. PDL (Programmatic Dependent Launch: griddepcontrol in the kernel, launch_pdl at the
     launch) when the package asks for it (`--pdl`), never in the fp32 instances, which run in the CPU interpreter."""
     pdl = ctx.pdl and ctx.dtype != "f32"
-    return Launch(args if args is not None else io(node), KernelSpec(template, node.op, {"DTYPE": ctx.dtype,
-                                                                                         "PDL": pdl, **constants}))
+    pinned = ctx.template_overrides.get(template, {})  # `--set`: over the emitter's constants
+    return Launch(args if args is not None else io(node), KernelSpec(template, node.op, {
+        "DTYPE": ctx.dtype, "PDL": pdl, **constants, **pinned}))
 
 
 def library(node: Node, fn: str, pending: str, args: tuple[str, ...] | None = None, **kw) -> Launch:
@@ -339,8 +340,17 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     sequence fills the GPU (`attention_decode`). Prefill: FlashAttention-style tiles of consecutive tokens with the
     query heads of a KV head folded in, over each sequence's cached context (chunked prefill; `attention_prefill`).
     `attention_gate` (the attention_gate pass): the same kernels with GATE, which apply the output gate to each row
-    before storing it."""
+    before storing it; in prefill steps without `ctx.prefill_attention_gate` (`--no-prefill-attention-gate`), the
+    plain attention into a scratch, then the sigmoid_gate kernel (the same roundings)."""
     a = node.attrs
+    if node.op == "attention_gate" and g.meta["phase"] != "decode" and not ctx.prefill_attention_gate:
+        o = node.out
+        s = "scratch:attn_o"
+        att = Node("attention", node.inputs[:-2], [Value(s, tuple(o.shape), o.dtype)], a, layer=node.layer)
+        gate = Node("sigmoid_gate", [att.out, *node.inputs[-2:]], [o], {}, layer=node.layer)
+        first = _attention(att, g, ctx)[0]
+        return [dataclasses.replace(first, args=first.args[:-1] + (s,), scratch=((s, tuple(o.shape), o.dtype),)),
+                dataclasses.replace(_sigmoid_gate(gate, g, ctx)[0], args=(s,) + names(node.inputs[-2:]) + (o.name,))]
     paged = bool(a.get("paged"))
     q, kc = node.inputs[:2]
     template = "attention_decode" if g.meta["phase"] == "decode" else "attention_prefill"
@@ -373,9 +383,9 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     att = Node("attention_gate" if a["gate"] else "attention", [qn, kc, vc, *rest], [node.outputs[0]], a,
                layer=node.layer)
     first = _qk_norm_pos_kv(qk, g, ctx)[0]
-    second = _attention(att, g, ctx)[0]
+    second, *gate = _attention(att, g, ctx)  # (gate: the sigmoid_gate launch where prefill does not fuse it)
     return [dataclasses.replace(first, args=first.args[:-1] + (s,), scratch=((s, tuple(q.shape), q.dtype),)),
-            dataclasses.replace(second, args=(s,) + second.args[1:])]
+            dataclasses.replace(second, args=(s,) + second.args[1:]), *gate]
 
 
 @emits("all_reduce", "all_gather")

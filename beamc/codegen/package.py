@@ -19,6 +19,8 @@ from typing import Any
 
 from beamc.codegen.emitters import Launch
 from beamc.codegen.kernel import KernelSpec, TEMPLATES
+from beamc.codegen.overrides import unused as unused_overrides
+from beamc.codegen.overrides import validate as validate_overrides
 from beamc.codegen.registry import Context, launches
 from beamc.compiler import compile_spec
 from beamc.errors import BeamcError, ensure_dir
@@ -73,6 +75,12 @@ class Package:
     # > 0: full-attention prefill over fp8 caches converts the step's K/V once into a bf16 mirror of this many pages
     # (`--attention-mirror PAGES|auto`; auto by default since the H200 run of 2026-12-01: `auto_mirror_pages`)
     attention_mirror_pages: int = 0
+    # prefill steps: True (`--prefill-attention-gate`), the output gate in the attention kernel's epilogue
+    # (attention_prefill's GATE render); False (the default: PREFILL_ATTENTION_GATE_CHOICE), the attention, then the
+    # sigmoid_gate kernel
+    prefill_attention_gate: bool = False
+    # template constants pinned by `--set TEMPLATE.CONSTANT=VALUE` (`codegen.overrides`): {} for the default renders
+    template_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def nvfp4_relayouts(self) -> list[dict[str, Any]]:
         """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
@@ -161,6 +169,8 @@ class Package:
             "moe_dequant": self.moe_dequant,
             "moe_combine_max_tokens": self.moe_combine_max_tokens,
             "attention_mirror_pages": self.attention_mirror_pages,
+            "prefill_attention_gate": {"fused": self.prefill_attention_gate, **PREFILL_ATTENTION_GATE_CHOICE},
+            "template_overrides": self.template_overrides,
             "load_transforms": self.load_transforms(),
         }
 
@@ -266,11 +276,22 @@ def auto_mirror_pages(spec: ModelSpec, graph) -> int:
     return max(1, min(want, MIRROR_AUTO_BYTES // per_page))
 
 
+# The attention_gate pass's op in prefill steps: the gate in the attention kernel's epilogue, or the attention then
+# the sigmoid_gate kernel (the same roundings: bitwise equal on the H200, tests/gpu/test_kernels_attention_*_gpu.py).
+# Measured in the whole TP-8 prefill step (8 x 2,048 tokens over 102,400 of context) on the H200, 2026-12-01:
+PREFILL_ATTENTION_GATE_CHOICE = {
+    "basis": "measured", "fused_ms": 460.98, "two_launches_ms": 456.85,
+    "also": "the ablation's rows fold_small -> attention_gate: prefill 452.4 -> 459.3 ms",
+    "source": "bench/results/variants-2026-12-01-s12run7.json, ablation-2026-12-01.json"}
+
+
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
                     nvfp4_relayout: bool = True, moe_dequant: bool = True,
-                    attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None) -> Package:
+                    attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None,
+                    prefill_attention_gate: bool = False,
+                    template_overrides: dict[str, dict[str, Any]] | None = None) -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
     and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
@@ -280,7 +301,13 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     `moe_combine_max_tokens`: up to this many tokens the MoE decode kernel combines the top-k in its down epilogue (at
     TP > 1, the combine_experts pass); None: `emitters.MOE_COMBINE_MAX_TOKENS`; recorded likewise.
     `attention_mirror_pages` > 0: full-attention prefill over fp8 caches through a bf16 mirror of that many pages
-    (attention_prefill's MIRROR), 0: off, None (the default): `auto_mirror_pages`; recorded likewise."""
+    (attention_prefill's MIRROR), 0: off, None (the default): `auto_mirror_pages`; recorded likewise.
+    `template_overrides` ({template: {constant: value}}, `--set`): pinned in every kernel rendered from that template
+    (`codegen.overrides`: each must name a template and a constant it reads, and some kernel of the package must be
+    rendered from it); recorded likewise. `prefill_attention_gate`: prefill steps run an attention_gate op as the
+    attention kernel's GATE render (True) or as the attention then the sigmoid_gate kernel (False, the default:
+    PREFILL_ATTENTION_GATE_CHOICE); decode steps always fuse; recorded likewise."""
+    template_overrides = validate_overrides(template_overrides)
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
     compiled = compile_spec(spec, tp=tp, ranks=[rank], passes=passes, phases=phases, dtype=dtype, logits="last")
@@ -293,7 +320,8 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
         raise BeamcError("--moe-combine-max-tokens", f"{moe_combine_max_tokens} tokens", "give a count >= 0 (0: off)")
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
                   moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages,
-                  moe_combine_max_tokens=moe_combine_max_tokens)
+                  moe_combine_max_tokens=moe_combine_max_tokens, prefill_attention_gate=prefill_attention_gate,
+                  template_overrides=template_overrides)
     steps, kernels = {}, {}
     for phase in phases:
         g = compiled.graphs[phase][0]
@@ -308,8 +336,14 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                 if ln.kernel is not None:
                     kernels.setdefault(ln.kernel.name, ln.kernel)
         steps[phase] = st
+    idle = unused_overrides(template_overrides, {k.template for k in kernels.values()})
+    if idle:
+        raise BeamcError("--set " + ", ".join(idle), "no kernel of this package is rendered from "
+                         + ("these templates" if len(idle) > 1 else "this template"),
+                         "override a template the package uses (the manifest's kernels name theirs)")
     assert (TEMPLATES / "step.py.j2").exists()
     pools = [n.out.shape for n in steps[phases[0]].graph.leaves("state").values() if n.out.shape[0] == "P"]
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
                    page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant,
-                   attention_mirror_pages=attention_mirror_pages, moe_combine_max_tokens=moe_combine_max_tokens)
+                   attention_mirror_pages=attention_mirror_pages, moe_combine_max_tokens=moe_combine_max_tokens,
+                   prefill_attention_gate=prefill_attention_gate, template_overrides=template_overrides)

@@ -6,8 +6,8 @@ error naming the op and the layer: never a silent fallback to the interpreter.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 from beamc.errors import BeamcError
 from beamc.ir.graph import Graph, Node
@@ -23,6 +23,11 @@ class Context:
     # moe_experts op with `combine`); None: `emitters.MOE_COMBINE_MAX_TOKENS`
     attention_mirror_pages: int = 0  # > 0: full-attention prefill over fp8 caches through a bf16 mirror of this many
     # pages (attention_prefill's MIRROR; off by default until measured on the H200)
+    prefill_attention_gate: bool = False  # prefill steps: True, the output gate in the attention kernel's epilogue
+    # (an attention_gate op: attention_prefill's GATE render); False (the default, measured faster on the H200:
+    # `package.PREFILL_ATTENTION_GATE_CHOICE`): the attention, then the sigmoid_gate kernel
+    template_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # `--set TEMPLATE.CONSTANT=VALUE`
+    # (`codegen.overrides`): pinned in every kernel rendered from that template, over the emitter's constants
 
 
 if TYPE_CHECKING:

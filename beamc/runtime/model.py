@@ -255,6 +255,13 @@ class _Seq:
 SKIP_COLLECTIVES_ENV = "BEAMC_SKIP_COLLECTIVES"  # benchmarks of one rank's share on one GPU (bench/full_model.py)
 
 
+def _prefill_gate(manifest: dict[str, Any]) -> bool:
+    """The package's prefill_attention_gate: {"fused": bool, ...} since 2026-12-01's twelfth session; a package from
+    before it (no key) fused the gate in prefill too."""
+    rec = manifest.get("prefill_attention_gate", {"fused": True})
+    return bool(rec["fused"] if isinstance(rec, dict) else rec)
+
+
 def collectives_skipped() -> bool:
     import os
 
@@ -349,7 +356,9 @@ class Model:
                                        nvfp4_relayout=bool(m.get("nvfp4_relayout", False)),
                                        moe_dequant=bool(m.get("moe_dequant", False)),
                                        attention_mirror_pages=int(m.get("attention_mirror_pages", 0)),
-                                       moe_combine_max_tokens=m.get("moe_combine_max_tokens"))
+                                       moe_combine_max_tokens=m.get("moe_combine_max_tokens"),
+                                       prefill_attention_gate=_prefill_gate(m),
+                                       template_overrides=m.get("template_overrides") or {})
         if render_steps(self.package) != (pkg / "step.py").read_text():
             raise BeamcError(str(pkg / "step.py"), "differs from what this beamc generates for the package's spec "
                              "and passes (a stale or edited package)", "recompile the package")

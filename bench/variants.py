@@ -1,0 +1,140 @@
+"""Template variants in the whole step: batch-1 decode (and optionally the prefill) of one TP-8 rank's share of Beam,
+every pass on, for packages that differ only in template constants (`beamc compile --set TEMPLATE.CONSTANT=VALUE`)
+or compile options (`compile.NAME=VALUE`: COMPILE_OPTIONS, `compile_package`'s keywords).
+
+    python bench/variants.py --out $OUT --variant kv_tiles=attention_decode.KV_TILES=true \\
+        --variant w8=attention_decode.NUM_WARPS=8,attention_decode.BLOCK_N=128 \\
+        --variant ungated=compile.prefill_attention_gate=false --prefill [--once]
+    TRITON_INTERPRET=1 python bench/variants.py --dry --variant w2=attention_decode.NUM_WARPS=2
+
+Why: a kernel's isolated graph does not rank renders the way the step does (the eleventh session's QKN renders:
+faster alone, slower in the step), so a render is judged in the step. One weights dict for every variant
+(bench/ablation.py's `run_row`, which compiles, loads, fills the context, captures and times); the default package
+runs first and again last, so the drift of the shared GPU over the run shows beside the differences. Writes
+OUT/variants-<date>[-dry][tag].json and prints a table last (ms per decode step, and each variant against the mean
+of the two default runs).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import ablation  # noqa: E402  bench/ablation.py
+import full_model as fm  # noqa: E402  bench/full_model.py
+from beamc.codegen.overrides import parse_overrides, parse_value  # noqa: E402
+from beamc.codegen.package import compile_package  # noqa: E402
+from beamc.errors import BeamcError  # noqa: E402
+from beamc.passes.manager import PASSES  # noqa: E402
+
+
+# `compile.NAME=VALUE` items: compile_package options a variant may set besides template constants
+COMPILE_OPTIONS = ("prefill_attention_gate", "moe_combine_max_tokens", "moe_dequant", "attention_mirror_pages",
+                   "nvfp4_relayout")
+
+
+def parse_variant(text: str) -> tuple[str, dict, dict]:
+    """'LABEL=T.K=V[,T.K=V...]' -> (label, template overrides, compile options): items `compile.NAME=VALUE` set a
+    `compile_package` option (COMPILE_OPTIONS), the others pin template constants; one line naming the bad variant
+    otherwise."""
+    label, eq, rest = text.partition("=")
+    if not eq or not label or "." in label or not rest:
+        raise SystemExit(f"--variant {text!r}: give LABEL=TEMPLATE.CONSTANT=VALUE[,...] (or compile.OPTION=VALUE)")
+    items = rest.split(",")
+    options = {}
+    for item in (i for i in items if i.startswith("compile.")):
+        name, _, value = item[len("compile."):].partition("=")
+        if name not in COMPILE_OPTIONS or not value:
+            raise SystemExit(f"--variant {label}: {item!r}: give compile.NAME=VALUE, NAME one of "
+                             + ", ".join(COMPILE_OPTIONS))
+        options[name] = parse_value(value)
+    try:
+        over = parse_overrides([i for i in items if not i.startswith("compile.")], where=f"--variant {label}")
+    except BeamcError as e:
+        raise SystemExit(f"variants.py: {e}") from None
+    return label, over, options
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    fm.add_common_args(ap, steps=40, reps=3)
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=T.K=V[,T.K=V]",
+                    help="a package with these template constants pinned (repeatable)")
+    ap.add_argument("--prefill", action="store_true", help="also time the batch x chunk prefill of each variant")
+    ap.add_argument("--tag", default="", help="appended to the output file name")
+    ap.add_argument("--once", action="store_true", help="the default package once (not again at the end)")
+    a = ap.parse_args(argv)
+    variants = [("default", {}, {})] + [parse_variant(v) for v in a.variant] + (
+        [] if a.once else [("default (again)", {}, {})])
+    device = fm.device_for(a)
+    import kernels as kb  # bench/kernels.py: read_bandwidth
+    from beamc.runtime.random_weights import random_rank_weights
+
+    fm.single_rank_collectives()
+    t0 = time.perf_counter()
+    spec = fm.bench_spec(Path(a.spec), a.context, max(a.chunk, a.steps + 4), a.experts)
+    facts: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
+                   "dry": a.dry, "note": fm.SKIPPED, "tp": a.tp, "rank": 0, "context": a.context, "chunk": a.chunk,
+                   "batch": a.batch, "kv_cache": "fp8", "spec": spec.name, "passes": list(PASSES),
+                   "env": {"device": fm.torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"}}
+    base = compile_package(spec, tp=a.tp, rank=0, passes=[], dtype="f32" if a.dry else None)
+    weights = random_rank_weights(spec, [st.graph for st in base.steps.values()], tp=a.tp, rank=0, device=device,
+                                  seed=a.seed)
+    del base
+    bw = kb.read_bandwidth()
+    facts["read_tb_s"] = round(bw, 3)
+    facts["rows"] = []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"variants-{facts['date']}{'-dry' if a.dry else ''}{a.tag}.json"
+    tmp = tempfile.TemporaryDirectory(prefix="beam-variants-")
+    for i, (label, over, options) in enumerate(variants):
+        t = time.perf_counter()
+        print(f"variant {label}: ...", flush=True)
+        try:
+            r = ablation.run_row(a, spec, list(PASSES), weights, device, Path(tmp.name), f"v{i}", bw,
+                                 overrides=over, prefill=a.prefill, options=options)
+        except Exception as e:  # one failing variant must not lose the others' numbers
+            ablation.free(device)
+            r = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        r.update(label=label, overrides=over, options=options, s=round(time.perf_counter() - t, 1))
+        facts["rows"].append(r)
+        path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
+    facts["total_s"] = round(time.perf_counter() - t0, 1)
+    path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
+    print(f"wrote {path}")
+    print(table(facts))
+    return facts
+
+
+def table(facts: dict) -> str:
+    ok = [r for r in facts["rows"] if "decode" in r]
+    ref = [r["decode"]["ms"] for r in ok if r["label"].startswith("default")]
+    mid = statistics.mean(ref) if ref else None
+    lines = ["| variant | overrides | decode ms | vs default | prefill ms |", "|---|---|---:|---:|---:|"]
+    for r in facts["rows"]:
+        over = "; ".join([f"{t}.{k}={v}" for t, kv in r["overrides"].items() for k, v in kv.items()]
+                         + [f"compile.{k}={v}" for k, v in r.get("options", {}).items()]) or "-"
+        if "decode" not in r:
+            lines.append(f"| {r['label']} | {over} | failed: {r.get('error', '?')[:160]} | | |")
+            continue
+        ms = r["decode"]["ms"]
+        rel = f"{ms / mid - 1:+.1%}" if mid else "-"
+        pre = f"{r['prefill']['ms']:.2f}" if "prefill" in r else "-"
+        lines.append(f"| {r['label']} | {over} | {ms:.3f} | {rel} | {pre} |")
+    if len(ref) == 2:
+        lines.append(f"(the two default runs: {ref[0]:.3f} and {ref[1]:.3f} ms: the drift over the run)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

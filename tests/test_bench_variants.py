@@ -1,0 +1,58 @@
+"""Bench tools for kernel engineers, without a GPU: bench/variants.py (template variants in the whole step: what its
+command line accepts and the table it prints; its run path is bench/ablation.py's `run_row`, exercised on the tiny
+spec by `--dry`) and bench/attention_decode.py's `--ncu-qkn` launcher."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_bench_module
+
+variants = load_bench_module("variants")
+
+
+def test_a_variant_is_a_label_and_checked_overrides():
+    label, over, opts = variants.parse_variant("w8=attention_decode.NUM_WARPS=8,attention_decode.KV_TILES=true")
+    assert label == "w8" and over == {"attention_decode": {"NUM_WARPS": 8, "KV_TILES": True}} and opts == {}
+    assert variants.parse_variant("ungated=compile.prefill_attention_gate=false") == (
+        "ungated", {}, {"prefill_attention_gate": False})
+    for bad in ("attention_decode.NUM_WARPS=8", "w8", "w8=attention_decode.WARPS=8", "w8=nothing.X=1",
+                "x=compile.passes=none", "x=compile.moe_dequant="):
+        with pytest.raises(SystemExit):
+            variants.parse_variant(bad)
+
+
+def test_the_table_sets_each_variant_against_the_two_default_runs():
+    rows = [{"label": "default", "overrides": {}, "decode": {"ms": 2.0}},
+            {"label": "w8", "overrides": {"attention_decode": {"NUM_WARPS": 8}}, "decode": {"ms": 2.2}},
+            {"label": "bad", "overrides": {"gemv": {"SMS": 1}}, "error": "RuntimeError: boom"},
+            {"label": "ungated", "overrides": {}, "options": {"prefill_attention_gate": False},
+             "decode": {"ms": 1.9}, "prefill": {"ms": 450.0}},
+            {"label": "default (again)", "overrides": {}, "decode": {"ms": 2.0}}]
+    t = variants.table({"rows": rows})
+    assert "| w8 | attention_decode.NUM_WARPS=8 | 2.200 | +10.0% | - |" in t
+    assert "failed: RuntimeError: boom" in t and "2.000 and 2.000 ms" in t
+    assert "| ungated | compile.prefill_attention_gate=False | 1.900 | -5.0% | 450.00 |" in t
+
+
+_NCU_QKN = """
+import json, sys
+sys.argv = ["x"]
+sys.path.insert(0, "bench")
+import attention_decode as ad
+runs = [ad.qkn_ncu_launches("sliding", "f8e4m3", 600, reps=1, device="cpu"),
+        ad.qkn_ncu_launches("full", "bf16", 300, reps=1, device="cpu", overrides={"attention_decode": {"NUM_WARPS": 2}})]
+json.dump(runs, open(OUT, "w"))
+"""
+
+
+def test_attention_bench_launches_the_steps_qkn_render_for_ncu(tmp_path):
+    """`bench/attention_decode.py --ncu-qkn KIND:KV:CONTEXT`: the qk_attention kernel exactly as the compiler emits it
+    at TP 8 (template overrides too), launched on one token with every output written (CPU interpreter here)."""
+    from conftest import run_interpreted
+
+    out = tmp_path / "ncu.json"
+    runs = run_interpreted(["-c", _NCU_QKN.replace("OUT", repr(str(out)))], out)
+    sliding, full = runs
+    assert sliding["constants"]["QKN"] and sliding["constants"]["WINDOW"] == 512 and sliding["splits"] == 16
+    assert sliding["constants"]["MODE"] == "rope" and sliding["constants"]["CACHE_DTYPE"] == "f8e4m3"
+    assert full["constants"]["PAGED"] and full["constants"]["MODE"] == "ssmax" and full["constants"]["NUM_WARPS"] == 2
