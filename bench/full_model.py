@@ -45,7 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from beamc.codegen.overrides import parse_overrides  # noqa: E402
 from beamc.codegen.package import compile_package  # noqa: E402
+from beamc.errors import BeamcError  # noqa: E402
 from beamc.passes.manager import select_passes  # noqa: E402
 from beamc.spec import load_spec  # noqa: E402
 from beamc.spec.load import parse_spec  # noqa: E402
@@ -193,9 +195,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--moe-combine-max-tokens", type=int, default=None, metavar="N",
                     help="compile with `beamc compile --moe-combine-max-tokens N` (the MoE decode kernel's COMBINE "
                          "render up to N tokens; default: the compiler's)")
+    ap.add_argument("--set", action="append", default=[], metavar="TEMPLATE.CONSTANT=VALUE",
+                    help="compile with `beamc compile --set ...` (a template constant pinned; repeatable)")
     ap.add_argument("--profile", choices=("all", "decode"), default="all",
                     help="which steps to profile by layer kind (the prefill profile takes ~40 s on an H200)")
     a = ap.parse_args(argv)
+    try:  # a misspelt template or constant: one line, before the GPU is touched
+        overrides = parse_overrides(a.set)
+    except BeamcError as e:
+        raise SystemExit(f"full_model.py: {e}") from None
     device = device_for(a)
     import kernels as kb  # bench/kernels.py: read_bandwidth
 
@@ -217,8 +225,10 @@ def main(argv=None) -> dict:
     package = compile_package(spec, tp=a.tp, rank=0, passes=select_passes("all"),
                               dtype="f32" if a.dry else None, nvfp4_relayout=a.nvfp4_relayout,
                               attention_mirror_pages=None if a.attention_mirror else 0,
-                              moe_combine_max_tokens=a.moe_combine_max_tokens)
+                              moe_combine_max_tokens=a.moe_combine_max_tokens,
+                              template_overrides=overrides)
     facts["attention_mirror_pages"] = package.attention_mirror_pages
+    facts["template_overrides"] = package.template_overrides
     facts["moe_combine_max_tokens"] = a.moe_combine_max_tokens
     tmp = tempfile.TemporaryDirectory(prefix="beam-full-")
     pkg = package.write(Path(tmp.name) / "pkg")

@@ -38,8 +38,8 @@ from beamc.passes.manager import PASSES  # noqa: E402
 
 
 # `compile.NAME=VALUE` items: compile_package options a variant may set besides template constants
-COMPILE_OPTIONS = ("prefill_attention_gate", "moe_combine_max_tokens", "moe_dequant", "attention_mirror_pages",
-                   "nvfp4_relayout")
+COMPILE_OPTIONS = {"prefill_attention_gate": bool, "moe_combine_max_tokens": int, "moe_dequant": bool,
+                   "attention_mirror_pages": int, "nvfp4_relayout": bool}
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict]:
@@ -56,7 +56,11 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
         if name not in COMPILE_OPTIONS or not value:
             raise SystemExit(f"--variant {label}: {item!r}: give compile.NAME=VALUE, NAME one of "
                              + ", ".join(COMPILE_OPTIONS))
-        options[name] = parse_value(value)
+        v = parse_value(value)
+        kind = COMPILE_OPTIONS[name]
+        if type(v) is not kind:  # (bool is not an int here: True would read as 1 token)
+            raise SystemExit(f"--variant {label}: {item!r}: {name} takes {'true or false' if kind is bool else 'an integer'}")
+        options[name] = v
     try:
         over = parse_overrides([i for i in items if not i.startswith("compile.")], where=f"--variant {label}")
     except BeamcError as e:

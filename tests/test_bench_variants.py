@@ -16,7 +16,8 @@ def test_a_variant_is_a_label_and_checked_overrides():
     assert variants.parse_variant("ungated=compile.prefill_attention_gate=false") == (
         "ungated", {}, {"prefill_attention_gate": False})
     for bad in ("attention_decode.NUM_WARPS=8", "w8", "w8=attention_decode.WARPS=8", "w8=nothing.X=1",
-                "x=compile.passes=none", "x=compile.moe_dequant="):
+                "x=compile.passes=none", "x=compile.moe_dequant=", "x=compile.prefill_attention_gate=maybe",
+                "x=compile.moe_combine_max_tokens=true", "x=compile.attention_mirror_pages=2.5"):
         with pytest.raises(SystemExit):
             variants.parse_variant(bad)
 

@@ -320,10 +320,17 @@ def test_template_overrides_pin_constants_in_every_kernel_of_their_template(tmp_
     ({"attention": {"NUM_WARPS": 2}}, "no kernel template 'attention'"),
     ({"attention_decode": {"NUM_WARP": 2}}, "reads no constant 'NUM_WARP'"),
     ({"attention_prefill": {"NUM_WARPS": 8}}, "no kernel of this package is rendered from this template"),
+    ({"attention_decode": {"HEAD_DIM": 64}}, "attention_decode.HEAD_DIM: set by the compiler from the op's shapes"),
+    ({"rmsnorm_boundary": {"EPS": 0.5}}, "rmsnorm_boundary.EPS: set by the compiler"),
+    ({"attention_decode": {"GATE": False}}, "says what the kernel computes"),
+    ({"attention_decode": {"NUM_WARPS": "abc"}}, "does not render with it"),
+    ({"attention_decode": {"MERGE_D": None}}, "does not render with it"),
 ])
 def test_template_overrides_refuse_what_would_do_nothing(overrides, match):
     """A misspelt template or constant, or a template the package does not use, is one error naming it: an override
-    that silently changed nothing would make a benchmark measure the default under another name."""
+    that silently changed nothing would make a benchmark measure the default under another name. So is one that
+    would compute another op (a constant the compiler derives from the IR, or one that says which fused form the
+    kernel is) or that the template cannot be rendered and imported with."""
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
     with pytest.raises(BeamcError, match=match):
         compile_package(tiny, passes=ALL, phases=("decode",), template_overrides=overrides)
@@ -332,13 +339,20 @@ def test_template_overrides_refuse_what_would_do_nothing(overrides, match):
 def test_parse_overrides_reads_yaml_scalars():
     from beamc.codegen.overrides import parse_overrides
 
+    from beamc.codegen.overrides import parse_value
+
     got = parse_overrides(["attention_decode.KV_TILES=true", "attention_decode.NUM_WARPS=8",
-                           "gemv.SMS=132", "attention_decode.MERGE_D=16", "moe_router.PATH=small"])
+                           "gemv.SMS=132", "attention_decode.MERGE_D=16", "moe_router.SELECT_WARPS=2"])
     assert got == {"attention_decode": {"KV_TILES": True, "NUM_WARPS": 8, "MERGE_D": 16}, "gemv": {"SMS": 132},
-                   "moe_router": {"PATH": "small"}}
+                   "moe_router": {"SELECT_WARPS": 2}}
+    assert [parse_value(v) for v in ("1e-6", "False", "none", "8:30", "yes", "0x10")] == [
+        1e-6, False, None, "8:30", "yes", "0x10"]
     for bad in ("attention_decode.NUM_WARPS", "NUM_WARPS=8", "attention_decode.=8", "attention_decode.NUM_WARPS="):
         with pytest.raises(BeamcError, match="TEMPLATE.CONSTANT=VALUE"):
             parse_overrides([bad])
+    for structural in ("attention_decode.GATE=true", "moe_nvfp4_decode.COMBINE=true", "gemv.DTYPE=f32"):
+        with pytest.raises(BeamcError, match="says what the kernel computes"):
+            parse_overrides([structural])
 
 
 def test_gemm_choices_follow_the_measured_table():

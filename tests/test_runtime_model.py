@@ -575,3 +575,51 @@ def test_unfused_package_runs_and_equals_the_reference_session(spec_yaml, tiny_c
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
             f"t._unfused_main({str(out)!r}, {str(spec_yaml)!r}, {str(tiny_ckpt)!r})")
     assert max(run_interpreted(["-c", code], out)["errs"]) < 1e-5
+
+
+def test_load_rebuilds_packages_with_overrides_and_either_prefill_gate(tiny_spec, tiny_ckpt_nvfp4, tmp_path,
+                                                                       monkeypatch):
+    """Model.load rebuilds a package from its manifest and refuses one it would not generate: a package compiled
+    with `--set` or with `--prefill-attention-gate` passes those checks (and stops, without the interpreter, at the
+    CPU check that comes after them); a manifest from before the prefill gate was recorded reads as the fused form
+    (what those packages ran), so such a package passes and a current one with the record removed is stale; a
+    malformed record or an override this beamc refuses is one error naming the manifest."""
+    import shutil
+
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.model import Model
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cpu_check = "run on a CPU only under Triton's interpreter"
+    over = {"attention_decode": {"NUM_WARPS": 2}, "moe_router": {"SELECT_WARPS": 2}}
+    fused = None
+    for name, kw in (("over", dict(template_overrides=over)), ("fused", dict(prefill_attention_gate=True))):
+        pkg = compile_package(tiny_spec, passes=select_passes("all"), dtype="f32", **kw).write(tmp_path / name)
+        with pytest.raises(BeamcError, match=cpu_check):
+            Model.load(pkg, tiny_ckpt_nvfp4, device="cpu")
+        fused = pkg if name == "fused" else fused
+    legacy = tmp_path / "legacy"  # the fused package with the manifest of a beamc that did not record the choice
+    shutil.copytree(fused, legacy)
+    man = json.loads((legacy / "manifest.json").read_text())
+    del man["prefill_attention_gate"]
+    (legacy / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BeamcError, match=cpu_check):
+        Model.load(legacy, tiny_ckpt_nvfp4, device="cpu")
+    current = tmp_path / "current"  # a default (two-launch prefill) package whose record was removed: stale
+    compile_package(tiny_spec, passes=select_passes("all"), dtype="f32").write(current)
+    man = json.loads((current / "manifest.json").read_text())
+    assert man["prefill_attention_gate"]["fused"] is False
+    del man["prefill_attention_gate"]
+    (current / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BeamcError, match="differs from what this beamc generates"):
+        Model.load(current, tiny_ckpt_nvfp4, device="cpu")
+    man["prefill_attention_gate"] = "yes"
+    (current / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BeamcError, match="prefill_attention_gate: 'yes' is not a record"):
+        Model.load(current, tiny_ckpt_nvfp4, device="cpu")
+    man["prefill_attention_gate"] = {"fused": False}
+    man["template_overrides"] = {"attention_decode": {"HEAD_DIM": 64}}
+    (current / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BeamcError, match=r"manifest.json: template_overrides attention_decode.HEAD_DIM: set by the"):
+        Model.load(current, tiny_ckpt_nvfp4, device="cpu")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beamc.codegen.kernel import KernelSpec
+from beamc.codegen.overrides import pin
 from beamc.codegen.registry import Context, emits
 from beamc.ir.graph import Graph, Node, Value
 from beamc.ir.ops import OPS, qk_attention_parts
@@ -58,9 +59,10 @@ def kernel(node: Node, template: str, ctx: Context, args: tuple[str, ...] | None
     """A generated kernel's launch. PDL (Programmatic Dependent Launch: griddepcontrol in the kernel, launch_pdl at the
     launch) when the package asks for it (`--pdl`), never in the fp32 instances, which run in the CPU interpreter."""
     pdl = ctx.pdl and ctx.dtype != "f32"
-    pinned = ctx.template_overrides.get(template, {})  # `--set`: over the emitter's constants
-    return Launch(args if args is not None else io(node), KernelSpec(template, node.op, {
-        "DTYPE": ctx.dtype, "PDL": pdl, **constants, **pinned}))
+    emitted = {"DTYPE": ctx.dtype, "PDL": pdl, **constants}
+    pinned = ctx.template_overrides.get(template, {})  # `--set`: checked, then over the emitter's constants
+    return Launch(args if args is not None else io(node), KernelSpec(template, node.op, pin(
+        template, emitted, pinned, ctx.overrides_from)))
 
 
 def library(node: Node, fn: str, pending: str, args: tuple[str, ...] | None = None, **kw) -> Launch:
@@ -316,7 +318,10 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     fused = next((ln for ln in runs if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"), None)
     if fused is None or most < 1 or idx.shape[1] > 8:  # (top-k > 8: not measured)
         return runs + [dataclasses.replace(combine, min_tokens=0)]
-    fused = dataclasses.replace(kernel(node, "moe_nvfp4_decode", ctx, args=io(node), **fused.kernel.constants,
+    own = {k: v for k, v in fused.kernel.constants.items() if k not in ("DTYPE", "PDL")}  # (kernel() sets those)
+    for k in ctx.template_overrides.get("moe_nvfp4_decode", {}):  # pinned again by kernel(), not passed as derived
+        own.pop(k, None)
+    fused = dataclasses.replace(kernel(node, "moe_nvfp4_decode", ctx, args=io(node), **own,
                                        COMBINE=True, ROUTED_SCALE=a["routed_scale"]),
                                 max_tokens=most, choice=MOE_COMBINE_CHOICE)
     rest = []

@@ -6,8 +6,12 @@ the template's own default) in every kernel rendered from that template; the man
 the runtime rebuilds the package with them (a package on disk stays what beamc generates from its manifest).
 
 Checked here, before any work: the template exists, and it reads the constant (jinja2's list of the variables a
-template uses, its includes' too), so a misspelt name is an error, not a silent no-op. After lowering,
-`compile_package` checks that some kernel of the package was rendered from each overridden template.
+template uses, its includes' too), so a misspelt name is an error, not a silent no-op; and the constant is not one
+that says what the kernel computes or which arguments it takes (STRUCTURAL: dtypes, PDL, the fused forms). When a
+kernel is rendered (`pin`): the constant is not one its emitter derived from the IR node (a shape, an attribute:
+only a tile the emitter picks, TUNABLE_DERIVED, may be pinned), and the pinned source renders, imports and keeps the
+launcher's arguments. After lowering, `compile_package` checks that some kernel of the package was rendered from
+each overridden template.
 An override is not a proof: the package's kernels are checked by the same tests as any other render only where
 those tests run it (`beamc compile ... --set ...` then the GPU tests or `bench/full_model.py --set`).
 """
@@ -17,7 +21,6 @@ import functools
 from typing import Any
 
 import jinja2.meta
-import yaml
 
 from beamc.codegen.kernel import _ENV, TEMPLATES
 from beamc.errors import BeamcError
@@ -46,12 +49,18 @@ def constants_read(template: str) -> frozenset[str]:
 
 
 def parse_value(text: str) -> Any:
-    """A YAML scalar: true / false, integers, floats, null; anything else stays a string."""
-    try:
-        v = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return v if isinstance(v, (bool, int, float, str)) or v is None else text
+    """true / false, null / none (any case), an int, a float (1e-6 too), else the string itself."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def parse_overrides(items: list[str] | tuple[str, ...] | None, where: str = "--set") -> Overrides:
@@ -69,13 +78,61 @@ def parse_overrides(items: list[str] | tuple[str, ...] | None, where: str = "--s
     return out
 
 
+# Constants a package's kernels must not have pinned: they say what a kernel computes or which arguments it takes
+# (its dtype, PDL, the fused epilogues and prologues a pass chose). Constants the emitter derives from the IR node
+# (shapes, attributes) are refused too, when a kernel is rendered (`pin`); a tile the emitter picks is allowed.
+STRUCTURAL = frozenset({"DTYPE", "PDL", "COMBINE", "ROUTED_SCALE", "GATE", "QKN", "PAGED", "MIRROR", "MIRROR_PAGES",
+                        "DEQUANT", "DEQUANT_DOWN", "NATIVE_FP4", "EPILOGUE", "PACKED", "PATH", "CACHE_DTYPE", "MODE"})
+TUNABLE_DERIVED = frozenset({"BLOCK_N"})  # chosen by an emitter (attention_decode_tiles), not derived from the IR
+
+
 def check(template: str, const: str, where: str = "--set") -> None:
     if template not in templates():
         raise BeamcError(f"{where} {template}.{const}", f"no kernel template {template!r}",
                          "use one of " + ", ".join(templates()))
     if const not in constants_read(template):
         raise BeamcError(f"{where} {template}.{const}", f"template {template} reads no constant {const!r}",
-                         "use one of " + ", ".join(sorted(constants_read(template))))
+                         "use one of " + ", ".join(sorted(constants_read(template) - STRUCTURAL)))
+    if const in STRUCTURAL:
+        raise BeamcError(f"{where} {template}.{const}", f"{const} says what the kernel computes or which arguments "
+                         "it takes (the compiler sets it from the IR and the passes)",
+                         "pin a tile or render constant (a warp count, a block size, a render option)")
+
+
+def pin(template: str, emitted: dict[str, Any], pinned: dict[str, Any], where: str = "--set") -> dict[str, Any]:
+    """An emitter's constants with the overrides of its template pinned over them; refuses a constant the emitter
+    derived from the IR node (a shape, an attribute: pinning it would compute something else) and a value the
+    template cannot be rendered and imported with, or one that changes the kernel's launch arguments."""
+    if not pinned:
+        return emitted
+    derived = sorted(k for k in pinned if k in emitted and k not in TUNABLE_DERIVED)
+    if derived:
+        raise BeamcError(f"{where} " + ", ".join(f"{template}.{k}" for k in derived),
+                         "set by the compiler from the op's shapes and attributes: pinned, the kernel would compute "
+                         "another op", "pin a tile or render constant (a warp count, a block size, a render option)")
+    out = {**emitted, **pinned}
+    _check_renders(template, emitted, out, where, pinned)
+    return out
+
+
+def _check_renders(template: str, before: dict, after: dict, where: str, pinned: dict) -> None:
+    """Render and import both forms; their launchers must take the same arguments."""
+    import inspect
+
+    from beamc.codegen.kernel import KernelSpec, load_source
+
+    names = ", ".join(f"{template}.{k}={v!r}" for k, v in pinned.items())
+    try:
+        got = KernelSpec(template, "check", after)
+        mod = load_source(got.source(), f"override_{got.name}")
+    except Exception as e:  # noqa: BLE001 - any failure of the pinned render is the override's
+        raise BeamcError(f"{where} {names}", f"the kernel does not render with it ({type(e).__name__}: {e})",
+                         "give a value the template accepts (see its constants' comments)") from None
+    ref = KernelSpec(template, "check", before)
+    base = load_source(ref.source(), f"override_{ref.name}")
+    if (inspect.signature(mod.launch) != inspect.signature(base.launch)
+            or list(mod.SIGNATURE) != list(base.SIGNATURE)):
+        raise BeamcError(f"{where} {names}", "it changes the kernel's arguments", "pin a tile or render constant")
 
 
 def validate(overrides: Overrides | None, where: str = "--set") -> Overrides:

@@ -291,7 +291,8 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                     nvfp4_relayout: bool = True, moe_dequant: bool = True,
                     attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None,
                     prefill_attention_gate: bool = False,
-                    template_overrides: dict[str, dict[str, Any]] | None = None) -> Package:
+                    template_overrides: dict[str, dict[str, Any]] | None = None,
+                    overrides_from: str = "--set") -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
     and 0.3-0.6 us less per kernel; fp32 instances never have it: the CPU interpreter has no PDL).
@@ -304,10 +305,10 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     (attention_prefill's MIRROR), 0: off, None (the default): `auto_mirror_pages`; recorded likewise.
     `template_overrides` ({template: {constant: value}}, `--set`): pinned in every kernel rendered from that template
     (`codegen.overrides`: each must name a template and a constant it reads, and some kernel of the package must be
-    rendered from it); recorded likewise. `prefill_attention_gate`: prefill steps run an attention_gate op as the
+    rendered from it; `overrides_from` names where they came from in errors); recorded likewise. `prefill_attention_gate`: prefill steps run an attention_gate op as the
     attention kernel's GATE render (True) or as the attention then the sigmoid_gate kernel (False, the default:
     PREFILL_ATTENTION_GATE_CHOICE); decode steps always fuse; recorded likewise."""
-    template_overrides = validate_overrides(template_overrides)
+    template_overrides = validate_overrides(template_overrides, overrides_from)
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
     compiled = compile_spec(spec, tp=tp, ranks=[rank], passes=passes, phases=phases, dtype=dtype, logits="last")
@@ -321,7 +322,7 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
                   moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages,
                   moe_combine_max_tokens=moe_combine_max_tokens, prefill_attention_gate=prefill_attention_gate,
-                  template_overrides=template_overrides)
+                  template_overrides=template_overrides, overrides_from=overrides_from)
     steps, kernels = {}, {}
     for phase in phases:
         g = compiled.graphs[phase][0]
@@ -338,7 +339,7 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
         steps[phase] = st
     idle = unused_overrides(template_overrides, {k.template for k in kernels.values()})
     if idle:
-        raise BeamcError("--set " + ", ".join(idle), "no kernel of this package is rendered from "
+        raise BeamcError(f"{overrides_from} " + ", ".join(idle), "no kernel of this package is rendered from "
                          + ("these templates" if len(idle) > 1 else "this template"),
                          "override a template the package uses (the manifest's kernels name theirs)")
     assert (TEMPLATES / "step.py.j2").exists()

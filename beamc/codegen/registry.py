@@ -26,6 +26,7 @@ class Context:
     prefill_attention_gate: bool = False  # prefill steps: True, the output gate in the attention kernel's epilogue
     # (an attention_gate op: attention_prefill's GATE render); False (the default, measured faster on the H200:
     # `package.PREFILL_ATTENTION_GATE_CHOICE`): the attention, then the sigmoid_gate kernel
+    overrides_from: str = "--set"  # where the overrides came from, for their errors (a CLI flag, a manifest)
     template_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # `--set TEMPLATE.CONSTANT=VALUE`
     # (`codegen.overrides`): pinned in every kernel rendered from that template, over the emitter's constants
 

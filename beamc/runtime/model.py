@@ -259,7 +259,10 @@ def _prefill_gate(manifest: dict[str, Any]) -> bool:
     """The package's prefill_attention_gate: {"fused": bool, ...} since 2026-12-01's twelfth session; a package from
     before it (no key) fused the gate in prefill too."""
     rec = manifest.get("prefill_attention_gate", {"fused": True})
-    return bool(rec["fused"] if isinstance(rec, dict) else rec)
+    if not (isinstance(rec, dict) and isinstance(rec.get("fused"), bool)):
+        raise BeamcError("manifest.json: prefill_attention_gate", f"{rec!r} is not a record with a boolean 'fused'",
+                         "recompile the package")
+    return rec["fused"]
 
 
 def collectives_skipped() -> bool:
@@ -358,7 +361,8 @@ class Model:
                                        attention_mirror_pages=int(m.get("attention_mirror_pages", 0)),
                                        moe_combine_max_tokens=m.get("moe_combine_max_tokens"),
                                        prefill_attention_gate=_prefill_gate(m),
-                                       template_overrides=m.get("template_overrides") or {})
+                                       template_overrides=m.get("template_overrides") or {},
+                                       overrides_from=f"{pkg / 'manifest.json'}: template_overrides")
         if render_steps(self.package) != (pkg / "step.py").read_text():
             raise BeamcError(str(pkg / "step.py"), "differs from what this beamc generates for the package's spec "
                              "and passes (a stale or edited package)", "recompile the package")
