@@ -115,24 +115,37 @@ def pin(template: str, emitted: dict[str, Any], pinned: dict[str, Any], where: s
     return out
 
 
+_RENDERS_CHECKED: set[str] = set()  # pinned kernels already checked (every layer's node asks for the same kernel)
+
+
+@functools.cache
+def _check_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="beamc_override_check_")  # one directory for the process's checked renders
+
+
 def _check_renders(template: str, before: dict, after: dict, where: str, pinned: dict) -> None:
-    """Render and import both forms; their launchers must take the same arguments."""
+    """Render and import both forms; their launchers must take the same arguments. Once per distinct kernel."""
     import inspect
 
     from beamc.codegen.kernel import KernelSpec, load_source
 
+    got = KernelSpec(template, "check", after)
+    if got.name in _RENDERS_CHECKED:
+        return
     names = ", ".join(f"{template}.{k}={v!r}" for k, v in pinned.items())
     try:
-        got = KernelSpec(template, "check", after)
-        mod = load_source(got.source(), f"override_{got.name}")
+        mod = load_source(got.source(), f"override_{got.name}", _check_dir())
     except Exception as e:  # noqa: BLE001 - any failure of the pinned render is the override's
         raise BeamcError(f"{where} {names}", f"the kernel does not render with it ({type(e).__name__}: {e})",
                          "give a value the template accepts (see its constants' comments)") from None
     ref = KernelSpec(template, "check", before)
-    base = load_source(ref.source(), f"override_{ref.name}")
+    base = load_source(ref.source(), f"override_{ref.name}", _check_dir())
     if (inspect.signature(mod.launch) != inspect.signature(base.launch)
             or list(mod.SIGNATURE) != list(base.SIGNATURE)):
         raise BeamcError(f"{where} {names}", "it changes the kernel's arguments", "pin a tile or render constant")
+    _RENDERS_CHECKED.add(got.name)
 
 
 def validate(overrides: Overrides | None, where: str = "--set") -> Overrides:
