@@ -65,6 +65,16 @@ def kernel(node: Node, template: str, ctx: Context, args: tuple[str, ...] | None
         template, emitted, pinned, ctx.overrides_from)))
 
 
+def into_scratch(ln: Launch, s: str, v: Value) -> Launch:
+    """The launch writing its (last-argument) output into the step-local buffer `s`, declared like value `v`."""
+    return dataclasses.replace(ln, args=ln.args[:-1] + (s,), scratch=((s, tuple(v.shape), v.dtype),))
+
+
+def from_scratch(ln: Launch, s: str) -> Launch:
+    """The launch reading its first input from the step-local buffer `s` (a launch before it wrote there)."""
+    return dataclasses.replace(ln, args=(s,) + ln.args[1:])
+
+
 def library(node: Node, fn: str, pending: str, args: tuple[str, ...] | None = None, **kw) -> Launch:
     return Launch(args if args is not None else io(node), library=fn, pending=pending, **kw)
 
@@ -310,20 +320,17 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     s = "scratch:moe_experts"
     plain = Node("moe_experts", ins, [y], {k: v for k, v in a.items() if k not in ("combine", "routed_scale")},
                  layer=node.layer)
-    runs = [dataclasses.replace(ln, args=ln.args[:-1] + (s,), scratch=((s, tuple(y.shape), y.dtype),))
-            for ln in _moe_experts(plain, g, ctx)]
+    runs = [into_scratch(ln, s, y) for ln in _moe_experts(plain, g, ctx)]
     combine = dataclasses.replace(kernel(node, "moe_combine", ctx, args=(s, w.name, idx.name, out.name),
                                          H=last_dim(x), TOP_K=idx.shape[1], ROUTED_SCALE=a["routed_scale"]),
                                   min_tokens=most + 1, choice=MOE_COMBINE_CHOICE)
     fused = next((ln for ln in runs if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"), None)
     if fused is None or most < 1 or idx.shape[1] > 8:  # (top-k > 8: not measured)
         return runs + [dataclasses.replace(combine, min_tokens=0)]
-    own = {k: v for k, v in fused.kernel.constants.items() if k not in ("DTYPE", "PDL")}  # (kernel() sets those)
-    for k in ctx.template_overrides.get("moe_nvfp4_decode", {}):  # pinned again by kernel(), not passed as derived
-        own.pop(k, None)
-    fused = dataclasses.replace(kernel(node, "moe_nvfp4_decode", ctx, args=io(node), **own,
-                                       COMBINE=True, ROUTED_SCALE=a["routed_scale"]),
-                                max_tokens=most, choice=MOE_COMBINE_CHOICE)
+    # the plain render's constants (its overrides already pinned and checked) with the combine in its epilogue
+    spec = KernelSpec("moe_nvfp4_decode", node.op, {**fused.kernel.constants, "COMBINE": True,
+                                                    "ROUTED_SCALE": a["routed_scale"]})
+    fused = Launch(io(node), spec, max_tokens=most, choice=MOE_COMBINE_CHOICE)
     rest = []
     for ln in runs:  # the same launches from most + 1 tokens on
         if ln.max_tokens is not None and ln.max_tokens <= most:
@@ -353,9 +360,8 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         s = "scratch:attn_o"
         att = Node("attention", node.inputs[:-2], [Value(s, tuple(o.shape), o.dtype)], a, layer=node.layer)
         gate = Node("sigmoid_gate", [att.out, *node.inputs[-2:]], [o], {}, layer=node.layer)
-        first = _attention(att, g, ctx)[0]
-        return [dataclasses.replace(first, args=first.args[:-1] + (s,), scratch=((s, tuple(o.shape), o.dtype),)),
-                dataclasses.replace(_sigmoid_gate(gate, g, ctx)[0], args=(s,) + names(node.inputs[-2:]) + (o.name,))]
+        return [into_scratch(_attention(att, g, ctx)[0], s, o),
+                from_scratch(_sigmoid_gate(gate, g, ctx)[0], s)]
     paged = bool(a.get("paged"))
     q, kc = node.inputs[:2]
     template = "attention_decode" if g.meta["phase"] == "decode" else "attention_prefill"
@@ -389,8 +395,7 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
                layer=node.layer)
     first = _qk_norm_pos_kv(qk, g, ctx)[0]
     second, *gate = _attention(att, g, ctx)  # (gate: the sigmoid_gate launch where prefill does not fuse it)
-    return [dataclasses.replace(first, args=first.args[:-1] + (s,), scratch=((s, tuple(q.shape), q.dtype),)),
-            dataclasses.replace(second, args=(s,) + second.args[1:]), *gate]
+    return [into_scratch(first, s, q), from_scratch(second, s), *gate]
 
 
 @emits("all_reduce", "all_gather")

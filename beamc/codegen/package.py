@@ -305,9 +305,10 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     (attention_prefill's MIRROR), 0: off, None (the default): `auto_mirror_pages`; recorded likewise.
     `template_overrides` ({template: {constant: value}}, `--set`): pinned in every kernel rendered from that template
     (`codegen.overrides`: each must name a template and a constant it reads, and some kernel of the package must be
-    rendered from it; `overrides_from` names where they came from in errors); recorded likewise. `prefill_attention_gate`: prefill steps run an attention_gate op as the
-    attention kernel's GATE render (True) or as the attention then the sigmoid_gate kernel (False, the default:
-    PREFILL_ATTENTION_GATE_CHOICE); decode steps always fuse; recorded likewise."""
+    rendered from it; `overrides_from` names where they came from in errors); recorded likewise.
+    `prefill_attention_gate`: prefill steps run an attention_gate op as the attention kernel's GATE render (True) or
+    as the attention then the sigmoid_gate kernel (False, the default: PREFILL_ATTENTION_GATE_CHOICE); decode steps
+    always fuse; recorded likewise."""
     template_overrides = validate_overrides(template_overrides, overrides_from)
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
