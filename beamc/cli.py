@@ -130,6 +130,10 @@ def _parser() -> argparse.ArgumentParser:
                         "pass's op); by default (--no-prefill-attention-gate) the attention, then the sigmoid_gate "
                         "kernel: the same roundings, and the TP-8 prefill step measured 457 against 461 ms with the "
                         "fused render on the H200 (docs/perf-log.md, twelfth session); decode steps always fuse")
+    c.add_argument("--l2-prefetch-mb", type=int, default=None, metavar="MB",
+                   help="decode steps prefetch into L2, beside each latency-bound op (attention, MoE experts), the "
+                        "weights of the launches after it up to the next such op, at most MB per op (a side-stream "
+                        "kernel; no value changes). 0: off. Default: see beamc/codegen/package.py L2_PREFETCH_MB")
     c.add_argument("--set", action="append", default=[], metavar="TEMPLATE.CONSTANT=VALUE",
                    help="pin a template constant in every kernel of the package rendered from TEMPLATE (repeatable; "
                         "e.g. attention_decode.NUM_WARPS=8): for kernel engineers trying a tile or a render option in "

@@ -244,7 +244,8 @@ def compile_command(args: argparse.Namespace) -> None:
                               attention_mirror_pages=getattr(args, "attention_mirror", None),
                               moe_combine_max_tokens=getattr(args, "moe_combine_max_tokens", None),
                               prefill_attention_gate=getattr(args, "prefill_attention_gate", False),
-                              template_overrides=overrides)
+                              template_overrides=overrides,
+                              l2_prefetch_mb=getattr(args, "l2_prefetch_mb", None))
         out = pkg.write(args.output)
         lib = sum(1 for st in pkg.steps.values() for _, ln in st.launches if ln.kernel is None)
         print(f"wrote {out}: {len(pkg.kernels)} generated kernels ({args.target}), step.py "

@@ -197,6 +197,8 @@ def main(argv=None) -> dict:
                          "render up to N tokens; default: the compiler's)")
     ap.add_argument("--set", action="append", default=[], metavar="TEMPLATE.CONSTANT=VALUE",
                     help="compile with `beamc compile --set ...` (a template constant pinned; repeatable)")
+    ap.add_argument("--l2-prefetch-mb", type=int, default=None, metavar="MB",
+                    help="compile with `beamc compile --l2-prefetch-mb MB` (default: the compiler's)")
     ap.add_argument("--profile", choices=("all", "decode"), default="all",
                     help="which steps to profile by layer kind (the prefill profile takes ~40 s on an H200)")
     a = ap.parse_args(argv)
@@ -226,7 +228,8 @@ def main(argv=None) -> dict:
                               dtype="f32" if a.dry else None, nvfp4_relayout=a.nvfp4_relayout,
                               attention_mirror_pages=None if a.attention_mirror else 0,
                               moe_combine_max_tokens=a.moe_combine_max_tokens,
-                              template_overrides=overrides)
+                              template_overrides=overrides, l2_prefetch_mb=a.l2_prefetch_mb)
+    facts["l2_prefetch_mb"] = package.l2_prefetch_mb
     facts["attention_mirror_pages"] = package.attention_mirror_pages
     facts["template_overrides"] = package.template_overrides
     facts["moe_combine_max_tokens"] = a.moe_combine_max_tokens

@@ -183,7 +183,7 @@ def _aot(job: tuple[str, str, int]) -> tuple[str, int, int]:
 
 
 def test_every_kernel_compiles_ahead_of_time_for_sm90a_and_sm100a():
-    """Every bf16 kernel of the tiny spec's package and of the full spec's TP-8 rank-0 package, compiled for sm_90a
+    """Every bf16 kernel of the tiny spec's package and of the full spec's TP-8 rank-0 package (L2 prefetches on), compiled for sm_90a
     (Hopper) and sm_100a (Blackwell) with no GPU: any compile error fails here."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -191,8 +191,10 @@ def test_every_kernel_compiles_ahead_of_time_for_sm90a_and_sm100a():
     jobs = []
     for spec_path, tp in (("models/beam-tiny.yaml", 1), ("models/beam.yaml", 8)):
         for target, arch in (("sm90", 90), ("sm100", 100)):
-            pkg = compile_package(load_spec(ROOT / spec_path), target=target, tp=tp, passes=ALL)
+            # (with the decode step's L2 prefetches: their kernel, whatever the default budget)
+            pkg = compile_package(load_spec(ROOT / spec_path), target=target, tp=tp, passes=ALL, l2_prefetch_mb=24)
             jobs += [(name, k.source(), arch) for name, k in pkg.kernels.items()]
+    assert any(name.startswith("l2_prefetch_") for name, _, _ in jobs)
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         done = list(pool.map(_aot, jobs, chunksize=4))
     assert len(done) == len(jobs) > 200 and all(n > 0 for _, _, n in done)

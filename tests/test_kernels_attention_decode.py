@@ -268,6 +268,12 @@ QKN_CASES = {
     "qkn-paged-p4-ssmax-kvtiles": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
                                                            BLOCK_N=16), "ssmax", KV_TILES=True),
                                    [(0, [122]), (1, [0]), (2, [48])], None, (1, 4)),
+    # EARLY_KV off (on by default: the first K/V block loaded before the wait): the loads after the norms, as before
+    "qkn-paged-p4-ssmax-late-kv": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
+                                                           BLOCK_N=16), "ssmax", EARLY_KV=False),
+                                   [(0, [122]), (1, [0]), (2, [48])], None, (1, 4)),
+    "qkn-ring-w5-rope-late-kv": (qkn_constants(constants(**TINY, window=5, dtype="f32", cache="f32", BLOCK_N=16),
+                                               "rope", EARLY_KV=False), [(0, [17]), (1, [3]), (2, [0])], 8, (1, 2)),
     # rendered with PDL on (the parameters and step inputs loaded before the wait; the interpreter skips the gdc)
     "qkn-paged-p4-rope-pdl": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16,
                                                       PDL=True), "rope"), [(0, [70]), (1, [2])], None, ()),
@@ -388,6 +394,9 @@ def _variants() -> list[tuple[str, dict]]:
                 c = spec_constants(spec, tp, kind, "bf16", cache, 16 if tag == "full-tp8" else 4, GATE=True,
                                    **({"BLOCK_N": 32} if kind == "sliding" else {}))
                 out.append((f"{tag},{kind},{cache},gate,qkn", qkn_constants(c, mode)))
+    out.append(("full-tp8,full,f8e4m3,gate,qkn,late-kv",  # (EARLY_KV off: the first K/V loads after the wait)
+                qkn_constants(spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, GATE=True), "ssmax",
+                              EARLY_KV=False)))
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,kv-tiles",
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               KV_TILES=True)))
@@ -408,26 +417,27 @@ def _compile(args) -> dict:
     assert bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == last, label  # the counter, only there
     return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
-                fp8=c["CACHE_DTYPE"] == "f8e4m3", qkn=bool(c.get("QKN")), pdl=mod.PDL,
+                fp8=c["CACHE_DTYPE"] == "f8e4m3", qkn=bool(c.get("QKN")), pdl=mod.PDL, early=mod.EARLY_KV,
                 launch_pdl=bool(ck.metadata.launch_pdl),
                 **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
     """Every variant for sm_90a and sm_100a (2 processes): a cubin, tensor-core products, shared memory within the
-    limit; PDL on: launch_dependents first, one wait, no store before it (fp8: the scales loaded before it; QKN: the
-    norm weights, RoPE table, position, slot and block-table entry too)."""
+    limit; PDL on: launch_dependents first, one wait (QKN with EARLY_KV: one on each stage's path), no store before it
+    (fp8: the scales loaded before it; QKN: the norm weights, RoPE table, position, slot and block-table entry too;
+    EARLY_KV: and the first block's K/V)."""
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 48
+    assert len(results) == 50
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"
         assert r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, r["pdl"], r["label"])
         if r["pdl"]:
-            assert r["waits"] == 1, r
+            assert r["waits"] == (2 if r["early"] else 1), r  # (EARLY_KV: stage 0 and stage 1 wait on paths of their own)
             assert (max(r["loads_before_wait"]) > 0) == (r["fp8"] or r["qkn"]), r  # only parameters / step inputs
 
 

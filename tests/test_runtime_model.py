@@ -619,6 +619,11 @@ def test_load_rebuilds_packages_with_overrides_and_either_prefill_gate(tiny_spec
     with pytest.raises(BeamcError, match="prefill_attention_gate: 'yes' is not a record"):
         Model.load(current, tiny_ckpt_nvfp4, device="cpu")
     man["prefill_attention_gate"] = {"fused": False}
+    man["l2_prefetch_mb"] = "24"
+    (current / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BeamcError, match="l2_prefetch_mb: '24' is not a budget"):
+        Model.load(current, tiny_ckpt_nvfp4, device="cpu")
+    man["l2_prefetch_mb"] = 0
     man["template_overrides"] = {"attention_decode": {"HEAD_DIM": 64}}
     (current / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(BeamcError, match=r"manifest.json: template_overrides attention_decode.HEAD_DIM: set by the"):

@@ -21,6 +21,7 @@ from beamc.codegen.emitters import Launch
 from beamc.codegen.kernel import KernelSpec, TEMPLATES
 from beamc.codegen.overrides import unused as unused_overrides
 from beamc.codegen.overrides import validate as validate_overrides
+from beamc.codegen.prefetch import plan as prefetch_plan
 from beamc.codegen.registry import Context, launches
 from beamc.compiler import compile_spec
 from beamc.errors import BeamcError, ensure_dir
@@ -81,6 +82,9 @@ class Package:
     prefill_attention_gate: bool = False
     # template constants pinned by `--set TEMPLATE.CONSTANT=VALUE` (`codegen.overrides`): {} for the default renders
     template_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # decode steps: weights prefetched into L2 beside the latency-bound ops, up to this many MB per op
+    # (`codegen.prefetch`, `--l2-prefetch-mb`; 0: off)
+    l2_prefetch_mb: int = 0
 
     def nvfp4_relayouts(self) -> list[dict[str, Any]]:
         """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
@@ -171,6 +175,7 @@ class Package:
             "attention_mirror_pages": self.attention_mirror_pages,
             "prefill_attention_gate": {"fused": self.prefill_attention_gate, **PREFILL_ATTENTION_GATE_CHOICE},
             "template_overrides": self.template_overrides,
+            "l2_prefetch_mb": self.l2_prefetch_mb,
             "load_transforms": self.load_transforms(),
         }
 
@@ -201,6 +206,9 @@ def _io_record(node, ln: Launch, g: Graph, relaid: set[str] = frozenset()) -> di
     runtime re-lays out, see `Package.nvfp4_relayouts`)."""
     vals = {v.name: v for v in node.inputs + node.outputs}
     params = {v.name: v.producer for v in node.inputs if v.producer is not None and v.producer.op == "param"}
+    if ln.kernel is not None and ln.kernel.template == "l2_prefetch":  # (a schedule hint: its args are later ops')
+        return {"args": [{"name": a} for a in ln.args], "weights": [],
+                "example_node": {"layer": node.layer, "op": node.op, "prefetch_before": True}}
     return {
         "args": [{"name": a, "shape": list(vals[a].shape), "dtype": vals[a].dtype} if a in vals else {"name": a}
                  for a in ln.args],
@@ -285,13 +293,18 @@ PREFILL_ATTENTION_GATE_CHOICE = {
     "source": "bench/results/variants-2026-12-01-s12run7.json, ablation-2026-12-01.json"}
 
 
+# decode steps' L2 prefetch budget per latency-bound op (`codegen.prefetch`): off, measured without gain in the step
+# (H200, 2026-12-01: TP-8 decode 2.821 ms with 24 MB against 2.811 / 2.804 without; docs/perf-log.md)
+L2_PREFETCH_MB = 0
+
+
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
                     nvfp4_relayout: bool = True, moe_dequant: bool = True,
                     attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None,
                     prefill_attention_gate: bool = False,
-                    template_overrides: dict[str, dict[str, Any]] | None = None,
+                    template_overrides: dict[str, dict[str, Any]] | None = None, l2_prefetch_mb: int | None = None,
                     overrides_from: str = "--set") -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
     Programmatic Dependent Launch (on by default: the H200 run of 2026-11-30 gave the same bits with and without it
@@ -308,7 +321,9 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     rendered from it; `overrides_from` names where they came from in errors); recorded likewise.
     `prefill_attention_gate`: prefill steps run an attention_gate op as the attention kernel's GATE render (True) or
     as the attention then the sigmoid_gate kernel (False, the default: PREFILL_ATTENTION_GATE_CHOICE); decode steps
-    always fuse; recorded likewise."""
+    always fuse; recorded likewise. `l2_prefetch_mb`: decode steps prefetch the weights of the launches after each
+    latency-bound op into L2 while it runs, up to this many MB each (`codegen.prefetch`; 0: off; None:
+    L2_PREFETCH_MB); recorded likewise."""
     template_overrides = validate_overrides(template_overrides, overrides_from)
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")
@@ -324,6 +339,10 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                   moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages,
                   moe_combine_max_tokens=moe_combine_max_tokens, prefill_attention_gate=prefill_attention_gate,
                   template_overrides=template_overrides, overrides_from=overrides_from)
+    if l2_prefetch_mb is None:
+        l2_prefetch_mb = L2_PREFETCH_MB
+    if l2_prefetch_mb < 0:
+        raise BeamcError("--l2-prefetch-mb", f"{l2_prefetch_mb} MB", "give a budget >= 0 (0: off)")
     steps, kernels = {}, {}
     for phase in phases:
         g = compiled.graphs[phase][0]
@@ -335,8 +354,12 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                 if ln.library == "view":  # free: a view of its input, nothing to launch
                     continue
                 st.launches.append((node, ln))
-                if ln.kernel is not None:
-                    kernels.setdefault(ln.kernel.name, ln.kernel)
+        if phase == "decode" and ctx.dtype != "f32":  # (the CPU interpreter's fp32 packages have no L2 to fill)
+            st.launches = prefetch_plan(st.launches, g, l2_prefetch_mb, template_overrides.get("l2_prefetch"),
+                                        overrides_from)
+        for _, ln in st.launches:
+            if ln.kernel is not None:
+                kernels.setdefault(ln.kernel.name, ln.kernel)
         steps[phase] = st
     idle = unused_overrides(template_overrides, {k.template for k in kernels.values()})
     if idle:
@@ -348,4 +371,5 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
                    page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant,
                    attention_mirror_pages=attention_mirror_pages, moe_combine_max_tokens=moe_combine_max_tokens,
-                   prefill_attention_gate=prefill_attention_gate, template_overrides=template_overrides)
+                   prefill_attention_gate=prefill_attention_gate, template_overrides=template_overrides,
+                   l2_prefetch_mb=l2_prefetch_mb)

@@ -265,6 +265,15 @@ def _prefill_gate(manifest: dict[str, Any]) -> bool:
     return rec["fused"]
 
 
+def _prefetch_budget(manifest: dict[str, Any]) -> int:
+    """The package's l2_prefetch_mb (an int >= 0; a package from before the thirteenth session has none: 0, off)."""
+    mb = manifest.get("l2_prefetch_mb", 0)
+    if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 0):
+        raise BeamcError("manifest.json: l2_prefetch_mb", f"{mb!r} is not a budget in MB (an int >= 0)",
+                         "recompile the package")
+    return mb
+
+
 def collectives_skipped() -> bool:
     import os
 
@@ -362,6 +371,7 @@ class Model:
                                        moe_combine_max_tokens=m.get("moe_combine_max_tokens"),
                                        prefill_attention_gate=_prefill_gate(m),
                                        template_overrides=m.get("template_overrides") or {},
+                                       l2_prefetch_mb=_prefetch_budget(m),
                                        overrides_from=f"{pkg / 'manifest.json'}: template_overrides")
         if render_steps(self.package) != (pkg / "step.py").read_text():
             raise BeamcError(str(pkg / "step.py"), "differs from what this beamc generates for the package's spec "
@@ -891,7 +901,10 @@ class Model:
         self.graphs.prepare(key, v)  # captures a graph for this bucket (on padding inputs) the first time
         pad = size - n
         ins = self.inputs[phase]
-        # padding tokens: id 0, distinct positions, the padding slot (one host tensor per input, one copy each)
+        # padding tokens: id 0, distinct positions, the padding slot (one host tensor per input, one copy each).
+        # These copies (stream operations, not PDL kernels) also order the step after the previous one's kernels:
+        # the decode attention reads the cache rows of earlier steps before its PDL wait (attention_decode EARLY_KV),
+        # which is safe only because a step starts behind such an operation.
         ins["input_ids"][:size].copy_(torch.tensor(ids + [0] * pad, dtype=torch.int64))
         ins["positions"][:size].copy_(torch.tensor(pos + [i % self._pad_mod for i in range(pad)], dtype=torch.int64))
         ins["slots"][:size].copy_(torch.tensor(slots + [self.pad_slot] * pad, dtype=torch.int64))

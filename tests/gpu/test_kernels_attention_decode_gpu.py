@@ -290,12 +290,26 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     eager = torch.full_like(out, float("nan"))
     qkn.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, g, b, eager)
     torch.cuda.synchronize()
+    # EARLY_KV (the default: the first K/V block loaded before the PDL wait) against the render without it: the same
+    # arithmetic, so the same bits (output and written rows)
+    late = load_kernel(KernelSpec(TEMPLATE, "qk_attention", dict(c, EARLY_KV=False)), kdir)
+    assert qkn.EARLY_KV and not late.EARLY_KV
+    kc3, vc3 = kc.clone(), vc.clone()
+    late_out = torch.full_like(out, float("nan"))
+
+    def one_late():
+        late.launch(*x["raw"], *x["w"], kc3, vc3, slot, pos, *extras, g, b, late_out)
+
+    one_late()
+    torch.cuda.synchronize()
+    early_same = torch.equal(late_out, eager) and torch.equal(kc3.view(torch.uint8), kc1.view(torch.uint8)) \
+        and torch.equal(vc3.view(torch.uint8), vc1.view(torch.uint8))
     rec = dict(kind=kind, ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, row_err=row_err,
-               same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager))
+               same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager), early_kv_bitwise=early_same)
     if len(ctx) == 1:
-        rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one))
+        rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one), us_qkn_late_kv=_graph_us(one_late))
     print(f"qkn {kind} {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items()
                                                        if isinstance(v, float)))
     summary.setdefault("qkn", []).append(rec)
-    assert err < 1e-2 and err_two < 1e-2 and row_err < 1e-2 and same_bytes > 0.9, rec
+    assert err < 1e-2 and err_two < 1e-2 and row_err < 1e-2 and same_bytes > 0.9 and early_same, rec
     assert rec["graph_bitwise"], rec

@@ -283,3 +283,26 @@ def test_fp8_kv_cache_attention_mirror(tiny_spec, tiny_ckpt_nvfp4, tmp_path_fact
         plain, _ref(fp8, tiny_ckpt_nvfp4, "bf16", max_len=512, max_chunk=512), seqs, 16))
     assert r["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB, summary["attention_mirror"]
     assert r["greedy_agree"] >= 0.75 * r["greedy_decisive"], summary["attention_mirror"]
+
+
+def test_l2_prefetch_changes_no_value(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, pkg_bf16, summary, monkeypatch):
+    """The decode step's L2 prefetches (`codegen.prefetch`; the tiny spec's weights are under the plan's MIN_BYTES,
+    lowered to 0 here so that every attention and MoE op gets one) run on a side stream that a CUDA graph captures as
+    a branch: decode with them is captured, and its outputs are bitwise those of the package without them, with and
+    without graphs, over a ragged run."""
+    import beamc.codegen.prefetch as prefetch
+
+    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)  # (the runtime rebuilds the package: patched for both)
+    pkg = _package(tiny_spec, tmp_path_factory, None, l2_prefetch_mb=24)
+    assert "l2_prefetch_" in (pkg / "step.py").read_text()
+    steps = min(STEPS, 300)
+    runs = {}
+    for name, p, eager in (("plain", pkg_bf16, False), ("prefetch", pkg, False), ("prefetch_eager", pkg, True)):
+        m = _load(p, tiny_ckpt_nvfp4, max_context=128, max_prefill_tokens=64, eager=eager)
+        runs[name] = (_ragged_run(m, steps), m.graphs.summary()["decode"])
+        del m
+    same = {k: sum(bool(torch.equal(x, y)) for x, y in zip(runs["plain"][0], runs[k][0])) for k in runs}
+    summary["l2_prefetch"] = {"steps": steps, "outputs": len(runs["plain"][0]), "bitwise_equal_to_plain": same,
+                              "decode": {k: v[1] for k, v in runs.items()}}
+    assert runs["prefetch"][1] == "graphs", runs["prefetch"][1]
+    assert all(n == len(runs["plain"][0]) for n in same.values()), same
