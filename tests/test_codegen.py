@@ -316,6 +316,11 @@ def test_template_overrides_pin_constants_in_every_kernel_of_their_template(tmp_
     assert base.manifest()["template_overrides"] == {}
     again = compile_package(tiny, passes=ALL, phases=("decode",), template_overrides=man["template_overrides"])
     assert sorted(again.kernels) == sorted(over.kernels) and render_steps(again) == render_steps(over)
+    # the boundary's warp count (a render option with a computed default)
+    w8 = compile_package(tiny, passes=ALL, phases=("decode",), template_overrides={"rmsnorm_boundary": {"NUM_WARPS": 8}})
+    bnd = [k for k in w8.kernels.values() if k.template == "rmsnorm_boundary"]
+    assert bnd and all("NUM_WARPS = 8" in k.source() for k in bnd)
+    assert all("NUM_WARPS = max(1, min(16," in k.source() for k in base.kernels.values() if k.template == "rmsnorm_boundary")
 
 
 @pytest.mark.parametrize("overrides,match", [
