@@ -10,7 +10,8 @@ For T = 1 and 8 tokens (8 distinct random experts per token) and each (layout, v
 - the chosen experts' bytes over each time; and, in the same run, `torch.sum` over a buffer of the same bytes (the
   read rate a weight-streaming kernel can reach at this size, launch included).
 Variants override the launcher's constexprs / options: the cp.async depth of each stage, the L2 prefetch of the
-down weights, 8 warps instead of 4, the register cap (maxnreg: programs per SM).
+down weights, 8 warps instead of 4, the register cap (maxnreg: programs per SM); or render the template with other
+constants (SCAN_T1: no idx scan at one token).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from beamc.codegen.kernel import KernelSpec, load_kernel  # noqa: E402
 from beamc.spec import load_spec  # noqa: E402
 from test_kernels_moe import TEMPLATE, distinct_idx, moe_constants, nvfp4_experts, y_reference  # noqa: E402
 
-# (label, constexpr overrides, option overrides)
+# (label, constexpr overrides, option overrides[, render overrides: template constants, another module])
 VARIANTS = (
     ("default", {}, {}),
     ("STAGES0=2", {"STAGES0": 2}, {}),
@@ -42,6 +43,7 @@ VARIANTS = (
     ("maxnreg=128", {}, {"maxnreg": 128}),  # 4 programs per SM (spills 8-26 bytes: 2026-12-01)
     ("maxnreg=96", {}, {"maxnreg": 96}),  # 5 programs per SM
     ("STAGES0=3", {"STAGES0": 3}, {}),
+    ("no scan at T=1", {}, {}, {"SCAN_T1": False}),  # each pair its own program at one token (80 registers, not 152)
 )
 
 
@@ -67,7 +69,8 @@ def graph_us(fn, flush: torch.Tensor, reps: int = 30) -> float:
 def ncu_launches(T: int) -> dict:
     """Both stages at T tokens, 3 times, nothing else on the GPU between them (for a counter profiler)."""
     c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
-    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), Path(tempfile.mkdtemp(prefix="moe-decode-")))
+    kdir = Path(tempfile.mkdtemp(prefix="moe-decode-"))
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
     g = torch.Generator().manual_seed(0)
     params = mod.relayout(nvfp4_experts(c["E"], c["H"], c["I"], g, device="cuda"))
     x = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
@@ -116,15 +119,16 @@ def main(argv=None) -> dict:
         ref = y_reference(x, idx, raw)
         for lname, params in layouts.items():
             chosen = [v for v in VARIANTS if a.variants is None or v[0] in a.variants.split(",")]
-            for vname, cover, oover in chosen if lname == "relaid" else chosen[:1]:
-                consts = dict(mod.constexprs(T, lname == "relaid"), **cover)
+            for vname, cover, oover, *render in chosen if lname == "relaid" else chosen[:1]:
+                m = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **render[0])), kdir) if render else mod
+                consts = dict(m.constexprs(T, lname == "relaid"), **cover)
                 opts = dict(mod.OPTIONS, **oover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 h = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
                 grids = ((T * K, -(-I // mod.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
 
-                def stage(s, consts=consts, opts=opts, y=y, h=h, params=params, ids=idx):
-                    return mod.kernel[grids[s]](x, ids, *params, y, h, T, x.stride(0), s, **consts, **opts)
+                def stage(s, consts=consts, opts=opts, y=y, h=h, params=params, ids=idx, m=m):
+                    return m.kernel[grids[s]](x, ids, *params, y, h, T, x.stride(0), s, **consts, **opts)
 
                 rec = dict(T=T, layout=lname, variant=vname, experts=n_exp, bytes=nbytes)
                 try:

@@ -290,6 +290,12 @@ MOE_CASES = {
     "tp2-T8-relaid-chunks": (2, dict(IDX_CHUNK=8, MP_MAX=2), 8, True, "shared"),
     "E5-T3-relaid-bad-ids": (1, _odd(5, 384, 96, 3), 3, True, "bad"),
     "E7-T8-raw-one-expert": (1, _odd(7, 128, 32, 2), 8, False, "one"),
+    # SCAN_T1 off: at one token each pair its own program (a repeated expert computed twice), bad ids read nothing
+    "tp2-T1-relaid-solo": (2, dict(SCAN_T1=False), 1, True, "distinct"),
+    "tp1-T1-raw-solo-shared": (1, dict(SCAN_T1=False), 1, False, "shared"),
+    "E7-T1-relaid-solo-one-expert": (1, dict(_odd(7, 128, 32, 2), SCAN_T1=False), 1, True, "one"),
+    "E5-T1-relaid-solo-bad-ids": (1, dict(_odd(5, 384, 96, 3), SCAN_T1=False), 1, True, "bad"),
+    "tp1-T3-relaid-solo-shared": (1, dict(SCAN_T1=False), 3, True, "shared"),  # (T > 1: the scan as always)
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 
@@ -304,7 +310,8 @@ def _idx(kind: str, T: int, E: int, k: int, g: torch.Generator) -> torch.Tensor:
     elif kind == "bad":  # ids outside [0, E): rows of zeros, nothing read
         idx[0, 1] = -1
         idx[T - 1, 0] = E
-        idx[1, 2] = idx[0, 0]
+        if T > 1:
+            idx[1, 2] = idx[0, 0]
     elif kind == "one":  # every pair on expert 2 (more pairs than MP)
         idx[:] = 2
     return idx
@@ -522,13 +529,14 @@ def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
 def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
-    default (PDL on), and the tiny spec's TP 1 again with PDL off."""
+    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE and SCAN_T1-off renders at TP 8."""
     full, tiny = load_spec(ROOT / "models/beam.yaml"), tiny_spec_()
     return [("full-tp8", moe_constants(full, 8), (1, True)), ("full-tp8,raw", moe_constants(full, 8), (1, False)),
             ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
             ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
-            ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True))]
+            ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
+            ("full-tp8,no-scan-t1", dict(moe_constants(full, 8), SCAN_T1=False), (1, True))]
 
 
 def _local_bytes(cubin: bytes) -> int | None:
@@ -597,8 +605,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 16
-    assert sum(r["pdl"] for r in results) == 14
+    assert len(results) == 2 * len(_variants()) == 18
+    assert sum(r["pdl"] for r in results) == 16
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR
