@@ -7,6 +7,7 @@ its sm_90a / sm_100a compile in test_codegen's AOT test; its effect on the H200 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from beamc.codegen.package import compile_package, render_steps
-from beamc.codegen.prefetch import HIDE_OPS, MIN_BYTES, _weights
+from beamc.codegen.emitters import named_params
+from beamc.codegen.prefetch import HIDE_OPS, MIN_BYTES
+from beamc.ir.dtypes import nbytes
 from beamc.errors import BeamcError
 from beamc.passes.manager import select_passes
 from beamc.spec import load_spec
@@ -54,7 +57,7 @@ def test_plan_prefetches_the_weights_after_each_latency_bound_op(full_tp8):
         for n2, l2 in lns[i + 1:]:
             if n2 is not node and n2.op in HIDE_OPS:
                 break
-            later.update(dict(_weights(n2, l2)))
+            later.update({v.name: int(math.prod(v.shape) * nbytes(v.dtype)) for v in named_params(n2, l2)})
         assert set(ln.args) <= set(later)
         total = sum(later[a] for a in ln.args)
         assert MIN_BYTES <= total <= 24 << 20

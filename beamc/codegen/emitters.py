@@ -51,6 +51,11 @@ def io(node: Node) -> tuple[str, ...]:
     return names(node.inputs) + names([v for i, v in enumerate(node.outputs) if i not in written])
 
 
+def named_params(node: Node, ln: Launch) -> list[Value]:
+    """The node's param inputs that this launch names (a launch of the node that does not name one does not read it)."""
+    return [v for v in node.inputs if v.producer is not None and v.producer.op == "param" and v.name in ln.args]
+
+
 def last_dim(v: Value) -> int:
     return v.shape[-1]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from beamc.codegen.emitters import Launch
+from beamc.codegen.emitters import Launch, named_params
 from beamc.codegen.kernel import KernelSpec, TEMPLATES
 from beamc.codegen.overrides import unused as unused_overrides
 from beamc.codegen.overrides import validate as validate_overrides
@@ -100,9 +100,8 @@ class Package:
         groups: dict[tuple[str, ...], dict[str, Any]] = {}
         for st in self.steps.values():
             for node, ln in st.launches:
-                for v in node.inputs:  # (a launch of the node that does not name the param does not read it)
-                    if v.producer is not None and v.producer.op == "param" and v.name in ln.args:
-                        readers.setdefault(v.producer.attrs["name"], []).append(ln)
+                for v in named_params(node, ln):
+                    readers.setdefault(v.producer.attrs["name"], []).append(ln)
                 if node.op == "moe_experts" and ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode":
                     ps = node.inputs[2:8]
                     if all(v.producer is not None and v.producer.op == "param" for v in ps):

@@ -18,25 +18,27 @@ from __future__ import annotations
 
 import math
 
-from beamc.codegen.emitters import Launch
+from beamc.codegen.emitters import Launch, named_params
 from beamc.codegen.kernel import KernelSpec
 from beamc.codegen.overrides import pin
+from beamc.ir.dtypes import nbytes
 from beamc.ir.graph import Graph
 
 HIDE_OPS = ("qk_attention", "attention", "attention_gate", "moe_experts")
 MIN_BYTES = 1 << 20  # below this a prefetch is not worth its launch
-ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f8e4m3": 1, "i64": 8, "i32": 4, "u8": 1, "e2m1x2": 1}
 
 
-
-def _weights(node, ln: Launch) -> list[tuple[str, int]]:
-    """(IR value name, bytes) of the params this launch names."""
-    out = []
-    for v in node.inputs:
-        p = v.producer
-        if p is not None and p.op == "param" and v.name in ln.args:
-            out.append((v.name, math.prod(v.shape) * ELEMENT_BYTES[v.dtype]))
-    return out
+def _weights_after(launches: list, i: int):
+    """(IR value name, bytes) of the params the launches after launch i's op read, in launch order, up to the next
+    latency-bound op."""
+    hidden = launches[i][0]
+    for node, ln in launches[i:]:
+        if node is hidden:
+            continue
+        if node.op in HIDE_OPS:
+            return
+        for v in named_params(node, ln):
+            yield v.name, int(math.prod(v.shape) * nbytes(v.dtype))
 
 
 def plan(launches: list, g: Graph, budget_mb: int, pinned: dict | None = None, where: str = "--set") -> list:
@@ -45,30 +47,17 @@ def plan(launches: list, g: Graph, budget_mb: int, pinned: dict | None = None, w
     options: CHUNK, BULK, EVICT_LAST)."""
     if budget_mb <= 0:
         return launches
-    budget = budget_mb << 20
-    firsts = [i for i, (node, _) in enumerate(launches)
-              if node.op in HIDE_OPS and (i == 0 or launches[i - 1][0] is not node)]
     inserts: dict[int, tuple[str, ...]] = {}
-    for i in firsts:
-        hidden = launches[i][0]
-        names, total = [], 0
-        for node, ln in launches[i:]:
-            if node is hidden:
-                continue
-            if node.op in HIDE_OPS:
-                break
-            fits = True
-            for name, n in _weights(node, ln):
-                if name in names:
-                    continue
-                if total + n > budget:
-                    fits = False
-                    break
-                names.append(name)
-                total += n
-            if not fits:
-                break
-        if total >= MIN_BYTES:
+    for i, (node, _) in enumerate(launches):
+        if node.op not in HIDE_OPS or (i > 0 and launches[i - 1][0] is node):
+            continue  # (before the first launch of each latency-bound op)
+        names: dict[str, int] = {}
+        for name, n in _weights_after(launches, i):
+            if name not in names:
+                if sum(names.values()) + n > budget_mb << 20:
+                    break  # whole weights in launch order, up to the first that does not fit
+                names[name] = n
+        if sum(names.values()) >= MIN_BYTES:
             inserts[i] = tuple(names)
     if not inserts:
         return launches
