@@ -95,10 +95,12 @@ def free(device) -> None:
 
 def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag: str, bw: float | None,
             gemm_tflops: float | None = None, profile: bool = False, copy_bw: float | None = None,
-            overrides: dict | None = None, prefill: bool = True, options: dict | None = None) -> dict:
+            overrides: dict | None = None, prefill: bool = True, options: dict | None = None,
+            outputs: list | None = None) -> dict:
     """One package (these passes; `overrides`: template constants pinned, `beamc compile --set`; `options`: more
     `compile_package` keywords) on the shared weights: batch-1 decode at the context and, with `prefill`, the
-    batch x chunk prefill after it."""
+    batch x chunk prefill after it. `outputs`: a list that receives the logits of the two decode steps before the
+    timed ones (graph replays, the same inputs for every package: compare them across packages)."""
     from beamc.runtime.model import Model
 
     row: dict = {"passes": passes, **({"template_overrides": overrides} if overrides else {}),
@@ -129,7 +131,9 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
         # ---- decode: batch 1 at `context`
         model.fill_context("d", a.context, seed=a.seed)
         for tok in tokens(2):  # warm up (the decode graphs were captured at load)
-            model.decode(["d"], [tok])
+            logits = model.decode(["d"], [tok])
+            if outputs is not None:
+                outputs.append(logits.detach().float().cpu())
         key = ("decode", 1, 1)
         dec = fm.timed(fm.replay(model, key, "decode", {"B": 1, "R": 1}), device, a.steps)
         launches = model.phases["decode"].launches

@@ -43,7 +43,9 @@ VARIANTS = (
     ("maxnreg=128", {}, {"maxnreg": 128}),  # 4 programs per SM (spills 8-26 bytes: 2026-12-01)
     ("maxnreg=96", {}, {"maxnreg": 96}),  # 5 programs per SM
     ("STAGES0=3", {"STAGES0": 3}, {}),
-    ("no scan at T=1", {}, {}, {"SCAN_T1": False}),  # each pair its own program at one token (80 registers, not 152)
+    # each pair its own program at one token (80 / 60 registers, not 146 / 91): 19.6 us against 21.9 here, but the
+    # decode step 17% slower with it (2026-12-01, s14run1-2: docs/perf-log.md)
+    ("no scan at T=1", {}, {}, {"SCAN_T1": False}),
 )
 
 
@@ -120,7 +122,8 @@ def main(argv=None) -> dict:
         for lname, params in layouts.items():
             chosen = [v for v in VARIANTS if a.variants is None or v[0] in a.variants.split(",")]
             for vname, cover, oover, *render in chosen if lname == "relaid" else chosen[:1]:
-                m = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **render[0])), kdir) if render else mod
+                m = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **render[0])),
+                                   Path(tempfile.mkdtemp(prefix="moe-variant-"))) if render else mod
                 consts = dict(m.constexprs(T, lname == "relaid"), **cover)
                 opts = dict(mod.OPTIONS, **oover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -10,9 +10,12 @@ or compile options (`compile.NAME=VALUE`: COMPILE_OPTIONS, `compile_package`'s k
 Why: a kernel's isolated graph does not rank renders the way the step does (the eleventh session's QKN renders:
 faster alone, slower in the step), so a render is judged in the step. One weights dict for every variant
 (bench/ablation.py's `run_row`, which compiles, loads, fills the context, captures and times); the default package
-runs first and again last, so the drift of the shared GPU over the run shows beside the differences. Writes
-OUT/variants-<date>[-dry][tag].json and prints a table last (ms per decode step, and each variant against the mean
-of the two default runs).
+runs first and again last, so the drift of the shared GPU over the run shows beside the differences. Each package's
+logits of the two decode steps before the timed ones (the same inputs for all: one context fill, one token seed) are
+compared with the first default run's: bitwise equal, or the largest difference (a render option that only moves
+work, e.g. where a kernel lets the next launch start, must give the same bits; the second default run checks that the
+comparison itself holds). Writes OUT/variants-<date>[-dry][tag].json and prints a table last (ms per decode step,
+each variant against the mean of the two default runs, and its logits against the default's).
 """
 from __future__ import annotations
 
@@ -101,12 +104,16 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"variants-{facts['date']}{'-dry' if a.dry else ''}{a.tag}.json"
     tmp = tempfile.TemporaryDirectory(prefix="beam-variants-")
+    reference = None  # the first default run's decode logits
     for i, (label, over, options) in enumerate(variants):
         t = time.perf_counter()
         print(f"variant {label}: ...", flush=True)
+        outs: list = []
         try:
             r = ablation.run_row(a, spec, list(PASSES), weights, device, Path(tmp.name), f"v{i}", bw,
-                                 overrides=over, prefill=a.prefill, options=options)
+                                 overrides=over, prefill=a.prefill, options=options, outputs=outs)
+            reference = outs if reference is None else reference
+            r["decode"]["logits"] = compare_logits(outs, reference)
         except Exception as e:  # one failing variant must not lose the others' numbers
             ablation.free(device)
             r = {"error": f"{type(e).__name__}: {e}"[:2000]}
@@ -120,21 +127,44 @@ def main(argv=None) -> dict:
     return facts
 
 
+def compare_logits(outs: list, reference: list) -> dict:
+    """A package's decode logits against the reference package's (lists of fp32 tensors, step by step)."""
+    import torch
+
+    if len(outs) != len(reference) or any(o.shape != r.shape for o, r in zip(outs, reference)):
+        return {"bitwise_equal": False, "max_abs_diff": None, "finite": None}
+    diff = max(((o - r).abs().max().item() for o, r in zip(outs, reference)), default=0.0)
+    return {"bitwise_equal": all(torch.equal(o, r) for o, r in zip(outs, reference)), "max_abs_diff": diff,
+            "finite": all(bool(torch.isfinite(o).all()) for o in outs)}
+
+
+def _logits_cell(r: dict) -> str:
+    c = r["decode"].get("logits")
+    if c is None:
+        return "-"
+    if c["bitwise_equal"]:
+        return "bitwise"
+    if c["max_abs_diff"] is None:
+        return "other shape"
+    return f"max diff {c['max_abs_diff']:.2g}" + ("" if c["finite"] else ", not finite")
+
+
 def table(facts: dict) -> str:
     ok = [r for r in facts["rows"] if "decode" in r]
     ref = [r["decode"]["ms"] for r in ok if r["label"].startswith("default")]
     mid = statistics.mean(ref) if ref else None
-    lines = ["| variant | overrides | decode ms | vs default | prefill ms |", "|---|---|---:|---:|---:|"]
+    lines = ["| variant | overrides | decode ms | vs default | prefill ms | logits vs default |",
+             "|---|---|---:|---:|---:|---|"]
     for r in facts["rows"]:
         over = "; ".join([f"{t}.{k}={v}" for t, kv in r["overrides"].items() for k, v in kv.items()]
                          + [f"compile.{k}={v}" for k, v in r.get("options", {}).items()]) or "-"
         if "decode" not in r:
-            lines.append(f"| {r['label']} | {over} | failed: {r.get('error', '?')[:160]} | | |")
+            lines.append(f"| {r['label']} | {over} | failed: {r.get('error', '?')[:160]} | | | |")
             continue
         ms = r["decode"]["ms"]
         rel = f"{ms / mid - 1:+.1%}" if mid else "-"
         pre = f"{r['prefill']['ms']:.2f}" if "prefill" in r else "-"
-        lines.append(f"| {r['label']} | {over} | {ms:.3f} | {rel} | {pre} |")
+        lines.append(f"| {r['label']} | {over} | {ms:.3f} | {rel} | {pre} | {_logits_cell(r)} |")
     if len(ref) == 2:
         lines.append(f"(the two default runs: {ref[0]:.3f} and {ref[1]:.3f} ms: the drift over the run)")
     return "\n".join(lines)

@@ -29,10 +29,26 @@ def test_the_table_sets_each_variant_against_the_two_default_runs():
             {"label": "ungated", "overrides": {}, "options": {"prefill_attention_gate": False},
              "decode": {"ms": 1.9}, "prefill": {"ms": 450.0}},
             {"label": "default (again)", "overrides": {}, "decode": {"ms": 2.0}}]
+    rows[1]["decode"]["logits"] = {"bitwise_equal": False, "max_abs_diff": 0.0123, "finite": True}
+    rows[3]["decode"]["logits"] = {"bitwise_equal": True, "max_abs_diff": 0.0, "finite": True}
     t = variants.table({"rows": rows})
-    assert "| w8 | attention_decode.NUM_WARPS=8 | 2.200 | +10.0% | - |" in t
+    assert "| w8 | attention_decode.NUM_WARPS=8 | 2.200 | +10.0% | - | max diff 0.012 |" in t
     assert "failed: RuntimeError: boom" in t and "2.000 and 2.000 ms" in t
-    assert "| ungated | compile.prefill_attention_gate=False | 1.900 | -5.0% | 450.00 |" in t
+    assert "| ungated | compile.prefill_attention_gate=False | 1.900 | -5.0% | 450.00 | bitwise |" in t
+    assert "| default | - | 2.000 | +0.0% | - | - |" in t  # (rows from before the comparison: no cell)
+
+
+def test_logits_are_compared_step_by_step_with_the_defaults():
+    import torch
+
+    ref = [torch.randn(1, 50), torch.randn(1, 50)]
+    same = variants.compare_logits([r.clone() for r in ref], ref)
+    assert same == {"bitwise_equal": True, "max_abs_diff": 0.0, "finite": True}
+    moved = [ref[0].clone(), ref[1] + 0.5]
+    moved[1][0, 3] = float("nan")
+    c = variants.compare_logits(moved, ref)
+    assert not c["bitwise_equal"] and not c["finite"]
+    assert variants.compare_logits(ref[:1], ref)["max_abs_diff"] is None  # a step missing: not comparable
 
 
 _NCU_QKN = """

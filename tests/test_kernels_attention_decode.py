@@ -277,6 +277,11 @@ QKN_CASES = {
     # rendered with PDL on (the parameters and step inputs loaded before the wait; the interpreter skips the gdc)
     "qkn-paged-p4-rope-pdl": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16,
                                                       PDL=True), "rope"), [(0, [70]), (1, [2])], None, ()),
+    # and with both stages' PDL triggers after their main work (LATE_TRIGGER, LATE_TRIGGER1: the same results)
+    "qkn-paged-p4-ssmax-pdl-late": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
+                                                            BLOCK_N=16, PDL=True), "ssmax",
+                                                  LATE_TRIGGER=True, LATE_TRIGGER1=True),
+                                    [(0, [122]), (1, [0]), (2, [48])], None, (1, 2)),
 }
 
 
@@ -397,6 +402,14 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("full-tp8,full,f8e4m3,gate,qkn,late-kv",  # (EARLY_KV off: the first K/V loads after the wait)
                 qkn_constants(spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, GATE=True), "ssmax",
                               EARLY_KV=False)))
+    for kind, mode in (("sliding", "rope"), ("full", "ssmax")):  # LATE_TRIGGER: stage 0 triggers after its loop
+        out.append((f"full-tp8,{kind},f8e4m3,gate,qkn,late-trigger",
+                    qkn_constants(spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True,
+                                                 **({"BLOCK_N": 32} if kind == "sliding" else {})), mode,
+                                  LATE_TRIGGER=True)))
+    out.append(("full-tp8,sliding,f8e4m3,gate,qkn,late-trigger-both",  # and the merge's (LATE_TRIGGER1)
+                qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
+                              LATE_TRIGGER=True, LATE_TRIGGER1=True)))
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,kv-tiles",
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               KV_TILES=True)))
@@ -418,24 +431,28 @@ def _compile(args) -> dict:
     return dict(label=f"{label}@sm_{arch}", arch=arch, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
                 fp8=c["CACHE_DTYPE"] == "f8e4m3", qkn=bool(c.get("QKN")), pdl=mod.PDL, early=mod.EARLY_KV,
+                late=mod.LATE_TRIGGER or mod.LATE_TRIGGER1, late_both=mod.LATE_TRIGGER and mod.LATE_TRIGGER1,
                 launch_pdl=bool(ck.metadata.launch_pdl),
                 **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
     """Every variant for sm_90a and sm_100a (2 processes): a cubin, tensor-core products, shared memory within the
-    limit; PDL on: launch_dependents first, one wait (QKN with EARLY_KV: one on each stage's path), no store before it
+    limit; PDL on: launch_dependents first (LATE_TRIGGER: stage 0's after its block loop), one wait (QKN with EARLY_KV:
+    one on each stage's path), no store before it
     (fp8: the scales loaded before it; QKN: the norm weights, RoPE table, position, slot and block-table entry too;
     EARLY_KV: and the first block's K/V)."""
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 50
+    assert len(results) == 56
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"
         assert r["launch_pdl"] == r["pdl"], r
-        check_pdl_ptx(r, r["pdl"], r["label"])
+        check_pdl_ptx(r, r["pdl"], r["label"], r["late"])
+        if r["late"]:  # one trigger on each stage's path: stage 1's first, or (both late) after both stages' loops
+            assert r["launch_dependents"] == 2 and r["launch_dependents_first"] != r["late_both"], r
         if r["pdl"]:
             assert r["waits"] == (2 if r["early"] else 1), r  # (EARLY_KV: stage 0 and stage 1 wait on paths of their own)
             assert (max(r["loads_before_wait"]) > 0) == (r["fp8"] or r["qkn"]), r  # only parameters / step inputs

@@ -165,9 +165,13 @@ def pdl_facts(ptx: str) -> dict:
                 ftz=sorted(ftz - {"ex2.approx.ftz.f32", "rcp.approx.ftz.f32"}))
 
 
-def check_pdl_ptx(facts: dict, pdl: bool, label: str = "") -> None:
-    """PDL on: one launch_dependents, first; waits, each with no store before it. Off: neither. No FTZ either way."""
-    if pdl:
+def check_pdl_ptx(facts: dict, pdl: bool, label: str = "", late: bool = False) -> None:
+    """PDL on: one launch_dependents, first (late: a render option's trigger after a main loop, so one or two of them,
+    on each stage's path, anywhere); waits, each with no store before it. Off: neither. No FTZ either way."""
+    if pdl and late:
+        assert 1 <= facts["launch_dependents"] <= 2 and facts["waits"] >= 1, (label, facts)
+        assert not any(facts["stores_before_wait"]), (label, facts)
+    elif pdl:
         assert facts["launch_dependents"] == 1 and facts["launch_dependents_first"] and facts["waits"] >= 1, (label, facts)
         assert not any(facts["stores_before_wait"]), (label, facts)
     else:

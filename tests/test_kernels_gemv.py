@@ -309,6 +309,25 @@ def test_bf16_aot_compiles(name, arch, T, kdir, tmp_path):
         assert not ck_off.metadata.launch_pdl and "prefetch" not in ck_off.asm["ptx"]
 
 
+@pytest.mark.parametrize("T", [1, 8])
+def test_late_trigger_aot_compiles(T, kdir):
+    """LATE_TRIGGER (a render option, off by default): at one token the one-pass kernel triggers the next launch
+    once, after its sums (not first); at T = 8 the split-K partials' launch triggers at once and the reduction's
+    after its sums: two on two paths. The waits and the loads before them as without it."""
+    epi, K, N, splits = TP8["qkvg"]
+    ks, _ = kernel_spec(epi, K, N, "bf16", splits=splits, LATE_TRIGGER=True)
+    mod = load_kernel(ks, kdir)
+    assert mod.LATE_TRIGGER is True
+    facts = pdl_facts(aot_compile(_variant(mod, T), 90).asm["ptx"])
+    check_pdl_ptx(facts, True, ks.name, late=True)
+    if T == 1:
+        assert (facts["launch_dependents"], facts["launch_dependents_first"], facts["waits"]) == (1, False, 1), facts
+    else:  # (which path comes first in the PTX is the compiler's choice)
+        assert (facts["launch_dependents"], facts["waits"]) == (2, 2), facts
+    if T == 1:
+        assert max(facts["loads_before_wait"]) > 0, facts  # W still loaded before the wait
+
+
 @pytest.mark.parametrize("name", list(TP8))
 def test_tensor_core_split_rule(name, kdir):
     """At every TP-8 shape and token block: the programs fill the GPU in one wave (132 <= programs <= resident x 132,

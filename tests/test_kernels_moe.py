@@ -529,14 +529,17 @@ def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
 def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
-    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE and SCAN_T1-off renders at TP 8."""
+    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE and SCAN_T1-off renders at TP 8, and
+    the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on)."""
     full, tiny = load_spec(ROOT / "models/beam.yaml"), tiny_spec_()
     return [("full-tp8", moe_constants(full, 8), (1, True)), ("full-tp8,raw", moe_constants(full, 8), (1, False)),
             ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
             ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
             ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
-            ("full-tp8,no-scan-t1", dict(moe_constants(full, 8), SCAN_T1=False), (1, True))]
+            ("full-tp8,no-scan-t1", dict(moe_constants(full, 8), SCAN_T1=False), (1, True)),
+            ("full-tp8,trigger-at-once", dict(moe_constants(full, 8), LATE_TRIGGER=False), (1, True)),
+            ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True))]
 
 
 def _local_bytes(cubin: bytes) -> int | None:
@@ -576,12 +579,13 @@ def _compile(args) -> dict:
                 mma=len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
                 cp16=len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx)),
                 relaid=relaid, shf=ptx.count("shf.l.wrap.b32"), bf16x2=ptx.count("mul.rn.bf16x2"), others=others,
+                late=bool(mod.LATE_TRIGGER or mod.LATE_TRIGGER1), late_pair=(mod.LATE_TRIGGER, mod.LATE_TRIGGER1),
                 **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
     """Every variant for sm_90a and sm_100a (2 processes), with the launcher's OPTIONS. PDL: launch_dependents
-    first, then one wait before any global load or store (the expert to read is only known from idx); none of it
+    (stage 0's after its K loop by default: LATE_TRIGGER), then one wait before any global load or store (the expert to read is only known from idx); none of it
     without PDL. Tensor-core MMAs, the decode PTX (4 bf16x2 multiplies per word; rotates for re-laid-out words), no
     local memory. At TP 8, 16-byte cp.async copies (the K loops' pipeline) and one decode token fills >= 2
     programs per SM in each stage."""
@@ -596,17 +600,21 @@ def test_aot_compile_every_variant(tmp_path):
         want = dict(num_warps=r["options"]["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
                     launch_pdl=r["pdl"])
         assert r["options"] == want and r["launch_pdl"] == r["pdl"], r
-        check_pdl_ptx(r, r["pdl"], r["label"])
+        check_pdl_ptx(r, r["pdl"], r["label"], r["late"])
         if r["pdl"]:
             assert r["waits"] == 1 and r["loads_before_wait"] == [0], r
+            # LATE_TRIGGER (the default): stage 0 triggers after its K loop, stage 1 first (two in the PTX, each on
+            # its stage's path); both late (LATE_TRIGGER1 too): neither first; off: one, first
+            want = {(True, False): (2, True), (True, True): (2, False), (False, False): (1, True)}[r["late_pair"]]
+            assert (r["launch_dependents"], r["launch_dependents_first"]) == want, r
         # 4 bf16x2 multiplies per decoded word; the re-laid-out words' rotates (shf.l.wrap) only there
         assert r["mma"] >= 2 and r["bf16x2"] >= 8 and r["bf16x2"] % 4 == 0, r
         assert (r["shf"] >= r["bf16x2"]) if r["relaid"] else r["shf"] == 0, r
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 18
-    assert sum(r["pdl"] for r in results) == 16
+    assert len(results) == 2 * len(_variants()) == 22
+    assert sum(r["pdl"] for r in results) == 20
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

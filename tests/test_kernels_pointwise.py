@@ -219,6 +219,20 @@ def test_bf16_aot_compiles(kind, spec_name, arch, pdl, kdir):
         assert "tanh.approx" not in ptx  # libdevice's accurate tanhf, not the hardware approximation
 
 
+@pytest.mark.parametrize("kind", ["boundary", "boundary_combine", "moe_combine"])
+def test_late_trigger_aot_compiles(kind, kdir):
+    """LATE_TRIGGER (a render option, off by default): one launch_dependents, after the wait and the loads (before the
+    first store), not first; the rest of the PDL facts as without it."""
+    ks, _ = kernel_spec(kind, _dims("beam", tp=8), "bf16")
+    ks = KernelSpec(ks.template, ks.op, {**ks.constants, "LATE_TRIGGER": True})
+    mod = _load(ks, kdir)
+    assert mod.LATE_TRIGGER is True
+    facts = pdl_facts(aot_compile(mod, 90).asm["ptx"])
+    check_pdl_ptx(facts, True, ks.name, late=True)
+    assert facts["launch_dependents"] == 1 and not facts["launch_dependents_first"] and facts["waits"] == 1, facts
+    assert (facts["loads_before_wait"][0] > 0) == PARAMS_BEFORE_WAIT[kind], facts
+
+
 # ---------------------------------------------------------------- 3. the rendered modules keep the contract
 IR_ARGS = {  # the IR op's inputs then outputs, as each launcher must take them
     "boundary": ["sub", "res", "w_post", "w_next", "h", "normed"],
