@@ -228,7 +228,8 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     norm / RoPE / SSMax constants, one token per sequence, the token rows of the cache poisoned first: the written
     rows equal (up to the norm's summation order: ||.|| / ||.|| < 1e-2, most bytes equal), the output within 1e-2 of
     the fp32 reference over the rows the kernel wrote (and of the two launches'); a CUDA-graph replay equal to an
-    eager launch bit for bit; both forms timed in graphs (the pass's measured effect per layer)."""
+    eager launch bit for bit; both forms timed in graphs (the pass's measured effect per layer); the EARLY_KV-off and
+    LATE_TRIGGER renders bitwise equal to the default."""
     from test_kernels_attention_decode import poison_token_rows, qkn_constants, qkn_inputs
     from beamc.ir.reference import REFS, cache_rows, kv_load, qk_norm_pos_kv_ref
     spec = load_spec(ROOT / "models/beam.yaml")
@@ -304,12 +305,32 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     torch.cuda.synchronize()
     early_same = torch.equal(late_out, eager) and torch.equal(kc3.view(torch.uint8), kc1.view(torch.uint8)) \
         and torch.equal(vc3.view(torch.uint8), vc1.view(torch.uint8))
+    # LATE_TRIGGER / LATE_TRIGGER1 (stage 0 lets the next launch start after its block loop, stage 1 once its output
+    # is computed) against the default render: where a trigger sits changes no bit (eager, and in a graph)
+    trig = load_kernel(KernelSpec(TEMPLATE, "qk_attention", dict(c, LATE_TRIGGER=True, LATE_TRIGGER1=True)), kdir)
+    assert trig.LATE_TRIGGER and trig.LATE_TRIGGER1 and not qkn.LATE_TRIGGER
+    kc4, vc4 = kc.clone(), vc.clone()
+    trig_out = torch.full_like(out, float("nan"))
+
+    def one_trig():
+        trig.launch(*x["raw"], *x["w"], kc4, vc4, slot, pos, *extras, g, b, trig_out)
+
+    one_trig()
+    torch.cuda.synchronize()
+    trig_same = torch.equal(trig_out, eager) and torch.equal(kc4.view(torch.uint8), kc1.view(torch.uint8)) \
+        and torch.equal(vc4.view(torch.uint8), vc1.view(torch.uint8))
+    trig_graph = captured_graph(one_trig)
+    trig_out.fill_(float("nan"))
+    trig_graph.replay()
+    torch.cuda.synchronize()
+    trig_same = trig_same and torch.equal(trig_out, eager)
     rec = dict(kind=kind, ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, row_err=row_err,
-               same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager), early_kv_bitwise=early_same)
+               same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager), early_kv_bitwise=early_same,
+               late_trigger_bitwise=trig_same)
     if len(ctx) == 1:
         rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one), us_qkn_late_kv=_graph_us(one_late))
     print(f"qkn {kind} {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items()
                                                        if isinstance(v, float)))
     summary.setdefault("qkn", []).append(rec)
-    assert err < 1e-2 and err_two < 1e-2 and row_err < 1e-2 and same_bytes > 0.9 and early_same, rec
+    assert err < 1e-2 and err_two < 1e-2 and row_err < 1e-2 and same_bytes > 0.9 and early_same and trig_same, rec
     assert rec["graph_bitwise"], rec
