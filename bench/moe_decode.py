@@ -46,6 +46,10 @@ VARIANTS = (
     # each pair its own program at one token (80 / 60 registers, not 146 / 91): 19.6 us against 21.9 here, but the
     # decode step 17% slower with it (2026-12-01, s14run1-2: docs/perf-log.md)
     ("no scan at T=1", {}, {}, {"SCAN_T1": False}),
+    # stage 0 on 8 warps, each with half the K loop (KSPLIT 8, its registers capped at 80 by the render: 3 programs
+    # per SM; 64 without the scan: 4 per SM); stage 1 as before on 4 warps
+    ("KSPLIT=8", {}, {}, {"KSPLIT": 8}),
+    ("KSPLIT=8/no scan", {}, {}, {"KSPLIT": 8, "SCAN_T1": False}),
 )
 
 
@@ -123,14 +127,19 @@ def main(argv=None) -> dict:
             chosen = [v for v in VARIANTS if a.variants is None or v[0] in a.variants.split(",")]
             for vname, cover, oover, *render in chosen if lname == "relaid" else chosen[:1]:
                 m = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **render[0])),
-                                   Path(tempfile.mkdtemp(prefix="moe-variant-"))) if render else mod
+                                Path(tempfile.mkdtemp(prefix="moe-variant-"))) if render else mod
+                # (KSPLIT 8 re-lays gate_up out in chunks of H / 8: that module's own relayout)
+                ps = m.relayout(raw) if m is not mod and lname == "relaid" and m.BK0 != mod.BK0 else params
                 consts = dict(m.constexprs(T, lname == "relaid"), **cover)
                 opts = dict(mod.OPTIONS, **oover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 h = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
                 grids = ((T * K, -(-I // mod.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
 
-                def stage(s, consts=consts, opts=opts, y=y, h=h, params=params, ids=idx, m=m):
+                def stage(s, consts=consts, opts=opts, y=y, h=h, params=ps, ids=idx, m=m, oover=oover):
+                    if hasattr(m, "STAGE_OPTIONS"):  # each stage its own binary (KSPLIT != 4): its constants, warps
+                        o = dict(m.STAGE_OPTIONS[s])
+                        consts, opts = dict(consts, **o.pop("constexprs")), dict(o, **oover)
                     return m.kernel[grids[s]](x, ids, *params, y, h, T, x.stride(0), s, **consts, **opts)
 
                 rec = dict(T=T, layout=lname, variant=vname, experts=n_exp, bytes=nbytes)

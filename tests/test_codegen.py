@@ -323,6 +323,28 @@ def test_template_overrides_pin_constants_in_every_kernel_of_their_template(tmp_
     assert all("NUM_WARPS = max(1, min(16," in k.source() for k in base.kernels.values() if k.template == "rmsnorm_boundary")
 
 
+def test_moe_decode_ksplit_tells_the_prefill_kernels_its_relayout():
+    """`--set moe_nvfp4_decode.KSPLIT=8` (stage 0 on 8 warps) re-lays gate_up out in chunks of H / 8: the prefill
+    kernels of the same layer, which read those bytes, are rendered with RELAYOUT_KSPLIT 8 (and their RK0 agrees with
+    the decode kernel's BK0); by default neither constant is passed (the kernels' names unchanged). A user cannot
+    pin RELAYOUT_KSPLIT alone."""
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+    base = compile_package(tiny, passes=ALL, phases=("decode", "prefill"))
+    ks8 = compile_package(tiny, passes=ALL, phases=("decode", "prefill"),
+                          template_overrides={"moe_nvfp4_decode": {"KSPLIT": 8}})
+    for pkg, want in ((base, None), (ks8, 8)):
+        dec = [k for k in pkg.kernels.values() if k.template == "moe_nvfp4_decode"]
+        pre = [k for k in pkg.kernels.values() if k.template == "moe_nvfp4_prefill"]
+        assert dec and pre
+        assert all(k.constants.get("KSPLIT") == want for k in dec)
+        assert all(k.constants.get("RELAYOUT_KSPLIT") == want for k in pre)
+    assert sorted(n for n, k in base.kernels.items() if k.template == "moe_nvfp4_prefill") != sorted(
+        n for n, k in ks8.kernels.items() if k.template == "moe_nvfp4_prefill")
+    with pytest.raises(BeamcError, match="says what the kernel computes"):
+        compile_package(tiny, passes=ALL, phases=("prefill",),
+                        template_overrides={"moe_nvfp4_prefill": {"RELAYOUT_KSPLIT": 8}})
+
+
 @pytest.mark.parametrize("overrides,match", [
     ({"attention": {"NUM_WARPS": 2}}, "no kernel template 'attention'"),
     ({"attention_decode": {"NUM_WARP": 2}}, "reads no constant 'NUM_WARP'"),

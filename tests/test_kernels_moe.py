@@ -296,6 +296,10 @@ MOE_CASES = {
     "E7-T1-relaid-solo-one-expert": (1, dict(_odd(7, 128, 32, 2), SCAN_T1=False), 1, True, "one"),
     "E5-T1-relaid-solo-bad-ids": (1, dict(_odd(5, 384, 96, 3), SCAN_T1=False), 1, True, "bad"),
     "tp1-T3-relaid-solo-shared": (1, dict(SCAN_T1=False), 3, True, "shared"),  # (T > 1: the scan as always)
+    # KSPLIT 8: stage 0's dot in 8 batches (8 warps on a GPU), each stage a binary of its own (STAGE)
+    "tp1-T1-relaid-ks8": (1, dict(KSPLIT=8), 1, True, "distinct"),
+    "E5-T3-raw-bad-ids-ks8": (1, dict(_odd(5, 512, 96, 3), KSPLIT=8), 3, False, "bad"),
+    "E7-T1-relaid-solo-one-expert-ks8": (1, dict(_odd(7, 256, 32, 2), KSPLIT=8, SCAN_T1=False), 1, True, "one"),
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 
@@ -530,7 +534,8 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
     default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE and SCAN_T1-off renders at TP 8, and
-    the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on)."""
+    the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on); stage 0 on 8 warps
+    (KSPLIT 8: each stage its own binary)."""
     full, tiny = load_spec(ROOT / "models/beam.yaml"), tiny_spec_()
     return [("full-tp8", moe_constants(full, 8), (1, True)), ("full-tp8,raw", moe_constants(full, 8), (1, False)),
             ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
@@ -539,7 +544,8 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
             ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
             ("full-tp8,no-scan-t1", dict(moe_constants(full, 8), SCAN_T1=False), (1, True)),
             ("full-tp8,trigger-at-once", dict(moe_constants(full, 8), LATE_TRIGGER=False), (1, True)),
-            ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True))]
+            ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True)),
+            ("full-tp8,ksplit8", dict(moe_constants(full, 8), KSPLIT=8), (1, True))]
 
 
 def _local_bytes(cubin: bytes) -> int | None:
@@ -568,9 +574,9 @@ def _compile(args) -> dict:
 
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", constants), directory)
     mod.CONSTEXPRS = dict(mod.constexprs(T, relaid), INTERPRET=False)  # what the launcher launches with
-    ck = aot_compile(mod, arch)
+    ck = aot_compile(mod, arch, launch_options(mod)[0])  # (KSPLIT 8: stage 0's binary, its register cap)
     ptx = ck.asm["ptx"]
-    # the other binaries the launcher launches (COMBINE: stage 1's own): compiled too, no local memory either
+    # the other binaries the launcher launches (COMBINE, KSPLIT 8: stage 1's own): compiled too, no local memory
     others = [_local_bytes(aot_compile(mod, arch, o).asm["cubin"]) for o in launch_options(mod)[1:]]
     programs = [1 * mod.TOP_K * -(-mod.I // mod.BLOCK_I), 1 * mod.TOP_K * -(-mod.H // mod.BLOCK_N)]  # T = 1
     return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
@@ -580,6 +586,7 @@ def _compile(args) -> dict:
                 cp16=len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx)),
                 relaid=relaid, shf=ptx.count("shf.l.wrap.b32"), bf16x2=ptx.count("mul.rn.bf16x2"), others=others,
                 late=bool(mod.LATE_TRIGGER or mod.LATE_TRIGGER1), late_pair=(mod.LATE_TRIGGER, mod.LATE_TRIGGER1),
+                stage0_only=mod.KSPLIT != 4, regs=getattr(ck, "n_regs", None),
                 **pdl_facts(ptx))
 
 
@@ -597,7 +604,7 @@ def test_aot_compile_every_variant(tmp_path):
         results = list(pool.map(_compile, jobs))
     for r in results:
         assert r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
-        want = dict(num_warps=r["options"]["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
+        want = dict(num_warps=8 if r["stage0_only"] else 4, enable_fp_fusion=False, enable_reflect_ftz=False,
                     launch_pdl=r["pdl"])
         assert r["options"] == want and r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, r["pdl"], r["label"], r["late"])
@@ -606,6 +613,8 @@ def test_aot_compile_every_variant(tmp_path):
             # LATE_TRIGGER (the default): stage 0 triggers after its K loop, stage 1 first (two in the PTX, each on
             # its stage's path); both late (LATE_TRIGGER1 too): neither first; off: one, first
             want = {(True, False): (2, True), (True, True): (2, False), (False, False): (1, True)}[r["late_pair"]]
+            if r["stage0_only"]:  # (KSPLIT 8: stage 0's binary alone: its one trigger, after the wait and K loop)
+                want = (1, not r["late_pair"][0])
             assert (r["launch_dependents"], r["launch_dependents_first"]) == want, r
         # 4 bf16x2 multiplies per decoded word; the re-laid-out words' rotates (shf.l.wrap) only there
         assert r["mma"] >= 2 and r["bf16x2"] >= 8 and r["bf16x2"] % 4 == 0, r
@@ -613,8 +622,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 22
-    assert sum(r["pdl"] for r in results) == 20
+    assert len(results) == 2 * len(_variants()) == 24
+    assert sum(r["pdl"] for r in results) == 22
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

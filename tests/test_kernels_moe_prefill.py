@@ -250,6 +250,10 @@ RELAID_CASES = {
     "relaid-tiny-f32-dequant": (16, 256, 64, 4, 2, "f32", dict(DEQUANT=True)),
     "relaid-tp8-steps-bf16-dequant": (5, 1024, 64, 2, 4, "bf16", dict(DEQUANT=True)),
     "relaid-tiny-f32-dequant-down-nt2": (16, 256, 64, 4, 2, "f32", dict(DEQUANT=True, DEQUANT_DOWN=True, DOWN_NT=2)),
+    # the decode kernel with stage 0 on 8 warps (KSPLIT 8) re-lays gate_up out in chunks of H / 8: the emitter tells
+    # the prefill kernels (RELAYOUT_KSPLIT)
+    "relaid-f32-ksplit8": (5, 1024, 64, 2, 2, "f32", dict(RELAYOUT_KSPLIT=8)),
+    "relaid-f32-ksplit8-dequant": (5, 1024, 64, 2, 2, "f32", dict(RELAYOUT_KSPLIT=8, DEQUANT=True)),
 }
 
 
@@ -260,7 +264,8 @@ def run_relaid_case(name: str, kdir: Path) -> dict:
     small = dict(BLOCK_M=16, SORT_CHUNK=16, NUM_WARPS=4, PDL=False) if dtype == "bf16" else {}
     c = prefill_constants(E, H, I, k, dtype, **small, **extra)
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
-    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", c), kdir)
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", dict(c, KSPLIT=c.get("RELAYOUT_KSPLIT", 4))),
+                         kdir)
     assert mod.RELAYOUT_OK and (mod.RK0, mod.RK1) == (decode.BK0, decode.BK1)
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     params = nvfp4_experts(E, H, I, g)

@@ -294,18 +294,24 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
                         "take NVFP4 experts, the checkpoint format")]
     x, idx, gu_codes = node.inputs[:3]
     dims = dict(E=gu_codes.shape[0], H=last_dim(x), I=gu_codes.shape[1] // 2, TOP_K=idx.shape[1])
-    large = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **({"NATIVE_FP4": True} if ctx.target == "sm100" else {}))
+    # the decode kernel's module re-lays the weights out (when there is one) in chunks that follow its stage-0 warp
+    # count, KSPLIT: the prefill kernels read the same bytes, so they are told a KSPLIT other than the default 4
+    decodes = not (dims["H"] % 128 or dims["I"] % 32)  # (its K permutation needs chunks of >= 32 values)
+    small = kernel(node, "moe_nvfp4_decode", ctx, **dims) if decodes else None
+    ksplit = small.kernel.constants.get("KSPLIT", 4) if small else 4
+    relay = {"RELAYOUT_KSPLIT": ksplit} if ksplit != 4 else {}
+    large = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay,
+                   **({"NATIVE_FP4": True} if ctx.target == "sm100" else {}))
     out = [large]
     if ctx.moe_dequant and ctx.target == "sm90":  # (sm100's native NVFP4 MMAs read the packed weights as they are)
-        long = kernel(node, "moe_nvfp4_prefill", ctx, **dims, DEQUANT=True)
-        longest = kernel(node, "moe_nvfp4_prefill", ctx, **dims, DEQUANT=True, DEQUANT_DOWN=True)
+        long = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True)
+        longest = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True, DEQUANT_DOWN=True)
         out = [dataclasses.replace(large, max_tokens=MOE_DEQUANT_MIN_TOKENS - 1, choice=MOE_DEQUANT_CHOICE),
                dataclasses.replace(long, min_tokens=MOE_DEQUANT_MIN_TOKENS, max_tokens=MOE_DEQUANT_DOWN_MIN_TOKENS - 1,
                                    choice=MOE_DEQUANT_CHOICE),
                dataclasses.replace(longest, min_tokens=MOE_DEQUANT_DOWN_MIN_TOKENS, choice=MOE_DEQUANT_CHOICE)]
-    if dims["H"] % 128 or dims["I"] % 32:  # the decode kernel's K permutation needs chunks of >= 32 values
+    if small is None:
         return out
-    small = kernel(node, "moe_nvfp4_decode", ctx, **dims)
     return [dataclasses.replace(small, max_tokens=MOE_DECODE_MAX_TOKENS),
             dataclasses.replace(out[0], min_tokens=MOE_DECODE_MAX_TOKENS + 1)] + out[1:]
 

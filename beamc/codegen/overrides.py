@@ -82,7 +82,8 @@ def parse_overrides(items: list[str] | tuple[str, ...] | None, where: str = "--s
 # (its dtype, PDL, the fused epilogues and prologues a pass chose). Constants the emitter derives from the IR node
 # (shapes, attributes) are refused too, when a kernel is rendered (`pin`); a tile the emitter picks is allowed.
 STRUCTURAL = frozenset({"DTYPE", "PDL", "COMBINE", "ROUTED_SCALE", "GATE", "QKN", "PAGED", "MIRROR", "MIRROR_PAGES",
-                        "DEQUANT", "DEQUANT_DOWN", "NATIVE_FP4", "EPILOGUE", "PACKED", "PATH", "CACHE_DTYPE", "MODE"})
+                        "DEQUANT", "DEQUANT_DOWN", "NATIVE_FP4", "EPILOGUE", "PACKED", "PATH", "CACHE_DTYPE", "MODE",
+                        "RELAYOUT_KSPLIT"})
 TUNABLE_DERIVED = frozenset({"BLOCK_N"})  # chosen by an emitter (attention_decode_tiles), not derived from the IR
 
 
@@ -142,8 +143,10 @@ def _check_renders(template: str, before: dict, after: dict, where: str, pinned:
                          "give a value the template accepts (see its constants' comments)") from None
     ref = KernelSpec(template, "check", before)
     base = load_source(ref.source(), f"override_{ref.name}", _check_dir())
-    if (inspect.signature(mod.launch) != inspect.signature(base.launch)
-            or list(mod.SIGNATURE) != list(base.SIGNATURE)):
+    def runtime_args(m) -> list[str]:  # (a render may add compile-time constants, e.g. a stage's own binary)
+        return [k for k, v in m.SIGNATURE.items() if v != "constexpr"]
+
+    if inspect.signature(mod.launch) != inspect.signature(base.launch) or runtime_args(mod) != runtime_args(base):
         raise BeamcError(f"{where} {names}", "it changes the kernel's arguments", "pin a tile or render constant")
     _RENDERS_CHECKED.add(got.name)
 

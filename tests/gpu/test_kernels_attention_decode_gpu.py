@@ -291,34 +291,30 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     eager = torch.full_like(out, float("nan"))
     qkn.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, g, b, eager)
     torch.cuda.synchronize()
+    def other_render(**extra):
+        """Another render of the op on copies of the caches, run once: (module, its launch, its output, whether the
+        output and the written caches equal the default render's bit for bit)."""
+        mod = load_kernel(KernelSpec(TEMPLATE, "qk_attention", dict(c, **extra)), kdir)
+        kcv, vcv = kc.clone(), vc.clone()
+        o = torch.full_like(out, float("nan"))
+
+        def run():
+            mod.launch(*x["raw"], *x["w"], kcv, vcv, slot, pos, *extras, g, b, o)
+
+        run()
+        torch.cuda.synchronize()
+        same = torch.equal(o, eager) and torch.equal(kcv.view(torch.uint8), kc1.view(torch.uint8)) \
+            and torch.equal(vcv.view(torch.uint8), vc1.view(torch.uint8))
+        return mod, run, o, same
+
     # EARLY_KV (the default: the first K/V block loaded before the PDL wait) against the render without it: the same
     # arithmetic, so the same bits (output and written rows)
-    late = load_kernel(KernelSpec(TEMPLATE, "qk_attention", dict(c, EARLY_KV=False)), kdir)
+    late, one_late, _, early_same = other_render(EARLY_KV=False)
     assert qkn.EARLY_KV and not late.EARLY_KV
-    kc3, vc3 = kc.clone(), vc.clone()
-    late_out = torch.full_like(out, float("nan"))
-
-    def one_late():
-        late.launch(*x["raw"], *x["w"], kc3, vc3, slot, pos, *extras, g, b, late_out)
-
-    one_late()
-    torch.cuda.synchronize()
-    early_same = torch.equal(late_out, eager) and torch.equal(kc3.view(torch.uint8), kc1.view(torch.uint8)) \
-        and torch.equal(vc3.view(torch.uint8), vc1.view(torch.uint8))
     # LATE_TRIGGER / LATE_TRIGGER1 (stage 0 lets the next launch start after its block loop, stage 1 once its output
     # is computed) against the default render: where a trigger sits changes no bit (eager, and in a graph)
-    trig = load_kernel(KernelSpec(TEMPLATE, "qk_attention", dict(c, LATE_TRIGGER=True, LATE_TRIGGER1=True)), kdir)
+    trig, one_trig, trig_out, trig_same = other_render(LATE_TRIGGER=True, LATE_TRIGGER1=True)
     assert trig.LATE_TRIGGER and trig.LATE_TRIGGER1 and not qkn.LATE_TRIGGER
-    kc4, vc4 = kc.clone(), vc.clone()
-    trig_out = torch.full_like(out, float("nan"))
-
-    def one_trig():
-        trig.launch(*x["raw"], *x["w"], kc4, vc4, slot, pos, *extras, g, b, trig_out)
-
-    one_trig()
-    torch.cuda.synchronize()
-    trig_same = torch.equal(trig_out, eager) and torch.equal(kc4.view(torch.uint8), kc1.view(torch.uint8)) \
-        and torch.equal(vc4.view(torch.uint8), vc1.view(torch.uint8))
     trig_graph = captured_graph(one_trig)
     trig_out.fill_(float("nan"))
     trig_graph.replay()

@@ -147,6 +147,47 @@ def test_moe_nvfp4_decode_without_scan_at_one_token(kind, tmp_path_factory):
     assert (y1[bad] == 0).all()
 
 
+@pytest.mark.parametrize("T,relaid,scan,kind", [(1, True, True, "distinct"), (1, True, False, "distinct"),
+                                                 (3, True, True, "bad"), (8, True, True, "distinct"),
+                                                 (1, False, True, "distinct")])
+def test_moe_nvfp4_decode_ksplit8(T, relaid, scan, kind, tmp_path_factory):
+    """KSPLIT 8 (stage 0 on 8 warps, each stage its own binary, stage 0's registers capped at 80): within 1e-2 of
+    the reference (y and h) on its own relayout (gate_up in chunks of H / 8) or the ModelOpt bytes, bad ids zero
+    rows, a CUDA-graph replay equal to the eager launch (its registers: bench/moe_decode.py)."""
+    key = ("ksplit8", scan)
+    if key not in _CACHE:
+        _CACHE[key] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), KSPLIT=8, SCAN_T1=scan)),
+                                  tmp_path_factory.mktemp("moe_ks8"))
+    mod = _CACHE[key]
+    assert mod.KSPLIT == 8 and mod.BK0 == 128 and mod.STAGE_OPTIONS[0]["maxnreg"] == 80
+    if relaid and ("ks8_relaid",) not in _CACHE:
+        _CACHE[("ks8_relaid",)] = mod.relayout(_weights(False))
+    params = _CACHE[("ks8_relaid",)] if relaid else _weights(False)
+    c = _constants()
+    g = torch.Generator().manual_seed(21 + T)
+    x = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
+    idx = _idx(kind, T, c, g).cuda()
+    y = torch.full((T, c["TOP_K"], c["H"]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    scratch = torch.full((mod.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mod.launch(x, idx, *params, y, scratch)
+    torch.cuda.synchronize()
+    ref = _weights(False)
+    err = _rel(y, y_reference(x, idx, ref))
+    h_err = _rel(scratch.view(T, c["TOP_K"], c["I"]), h_reference(x, idx, ref))
+    eager = y.clone()
+    graph = captured_graph(lambda: mod.launch(x, idx, *params, y, scratch))
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    line = dict(T=T, relaid=relaid, scan=scan, routing=kind, rel_err=err, h_rel_err=h_err,
+                graph_bitwise=bool(torch.equal(y, eager)))
+    SUMMARY.setdefault("ksplit8", []).append(line)
+    print(f"moe_nvfp4_decode KSPLIT 8: {line}")
+    bad = (idx < 0) | (idx >= c["E"])
+    assert err < 1e-2 and h_err < 1e-2 and line["graph_bitwise"], line
+    assert (y[bad] == 0).all()
+
+
 @pytest.mark.parametrize("T,relaid,kind", [(1, True, "distinct"), (3, True, "bad"), (8, True, "skewed"),
                                             (1, False, "distinct")])
 def test_moe_nvfp4_decode_combine_render(T, relaid, kind, tmp_path_factory):
