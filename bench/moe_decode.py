@@ -131,16 +131,13 @@ def main(argv=None) -> dict:
                 # (KSPLIT 8 re-lays gate_up out in chunks of H / 8: that module's own relayout)
                 ps = m.relayout(raw) if m is not mod and lname == "relaid" and m.BK0 != mod.BK0 else params
                 consts = dict(m.constexprs(T, lname == "relaid"), **cover)
-                opts = dict(mod.OPTIONS, **oover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 h = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
                 grids = ((T * K, -(-I // mod.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
 
-                def stage(s, consts=consts, opts=opts, y=y, h=h, params=ps, ids=idx, m=m, oover=oover):
-                    if hasattr(m, "STAGE_OPTIONS"):  # each stage its own binary (KSPLIT != 4): its constants, warps
-                        o = dict(m.STAGE_OPTIONS[s])
-                        consts, opts = dict(consts, **o.pop("constexprs")), dict(o, **oover)
-                    return m.kernel[grids[s]](x, ids, *params, y, h, T, x.stride(0), s, **consts, **opts)
+                def stage(s, consts=consts, y=y, h=h, params=ps, ids=idx, m=m, oover=oover):
+                    cx, o = m.stage_launch(s, consts)  # (KSPLIT 8: each stage its own binary and warps)
+                    return m.kernel[grids[s]](x, ids, *params, y, h, T, x.stride(0), s, **cx, **dict(o, **oover))
 
                 rec = dict(T=T, layout=lname, variant=vname, experts=n_exp, bytes=nbytes)
                 try:

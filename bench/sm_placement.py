@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import cupy as cp
@@ -53,12 +54,10 @@ def main() -> None:
                 kern((programs,), (128,), (out, cp.int64(40_000)), shared_mem=smem)
             cp.cuda.runtime.deviceSynchronize()
             sms = cp.asnumpy(out)
-            counts = {}
-            for s in sms.tolist():
-                counts[s] = counts.get(s, 0) + 1
+            counts = Counter(sms.tolist())  # programs per SM
             rows.append(dict(programs=programs, allowed_per_sm=per_sm, smem=smem, sms_used=len(counts),
                              max_per_sm=max(counts.values()), first_smids=sms[:16].tolist(),
-                             histogram={k: sum(1 for v in counts.values() if v == k) for k in sorted(set(counts.values()))}))
+                             histogram=dict(sorted(Counter(counts.values()).items()))))
     rec = dict(date=datetime.date.today().isoformat(), command=" ".join(["python"] + sys.argv),
                device=props["name"].decode(), sms=n_sm, smem_per_sm=smem_sm, records=rows)
     Path(a.out, f"sm-placement-{rec['date']}.json").write_text(json.dumps(rec, indent=1))
