@@ -261,10 +261,14 @@ SWEEP = ({}, dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=4),
                                                              NUM_STAGES=2),
          # the model's form (attention_gate: the output gate in the epilogue, g a strided view of the packed QKV+gate
          # output): in the s8run6 model profile the mirrored full layer took 20.3 ms against this sweep's 14.7
-         dict(MIRROR=True, GATE=True), dict(GATE=True))
+         dict(MIRROR=True, GATE=True), dict(GATE=True),
+         # TMA: the mirrored pass's unmasked K/V blocks by TMA copies (Triton 3.6's ptxas serialises the wgmmas of the
+         # cp.async render, C7515; not with TMA)
+         dict(MIRROR=True, TMA=True), dict(MIRROR=True, TMA=True, NUM_STAGES=4), dict(MIRROR=True, TMA=True, GATE=True))
 
 
-def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 100_000, device="cuda") -> list[dict]:
+def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 100_000, device="cuda",
+          tiles=SWEEP) -> list[dict]:
     """The prefill kernel at other tiles on one case (default: the model's, full layer with fp8 KV over 100K prior
     context): us and TFLOP/s of each, its output checked against the default tiles' (relative error < 1e-2; a tile
     that fails to compile or to match is reported, not timed)."""
@@ -274,7 +278,7 @@ def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 10
     ins = make_inputs(c, SEQS, CHUNK, prior, device, gen)
     flops = 4 * c["HQ"] * c["HEAD_DIM"] * allowed_pairs(c, SEQS, CHUNK, prior)
     ref, out = None, []
-    for extra in SWEEP:
+    for extra in tiles:
         rec = {"kernel": f"prefill {kind} {cache} ctx{prior // 1000}K", "tiles": extra, "tokens": SEQS * CHUNK}
         try:
             gate = extra.get("GATE", False)
@@ -314,14 +318,18 @@ if __name__ == "__main__":
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--cases", default="full:f8e4m3:100000",
                     help="comma-separated kind:cache:prior (kind full|sliding, cache bf16|f8e4m3)")
+    ap.add_argument("--tiles", default=None,
+                    help='the render constants to try instead of SWEEP, a JSON list of objects: the first is the '
+                         'reference the others are checked against, e.g. \'[{"MIRROR": true}, {"MIRROR": true, "TMA": true}]\'')
     a = ap.parse_args()
+    tiles = SWEEP if a.tiles is None else tuple(json.loads(a.tiles))
     sys.path.insert(0, str(ROOT / "bench"))
     from kernels import graph_time
 
     recs = []
     for case in a.cases.split(","):
         kind, cache, prior = case.split(":")
-        recs += sweep(graph_time, kind, cache, int(prior))
+        recs += sweep(graph_time, kind, cache, int(prior), tiles=tiles)
         torch.cuda.empty_cache()
     Path(a.out).mkdir(parents=True, exist_ok=True)
     date = datetime.date.today().isoformat()

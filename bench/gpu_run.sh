@@ -6,6 +6,7 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD BEAMC_GPU_OUT=$OUT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-python3 -m pytest -q -p no:cacheprovider -rfE "${@:-tests/gpu}" > $OUT/pytest.txt 2>&1
+log=$OUT/${PYTEST_LOG:-pytest}.txt  # (PYTEST_LOG: several runs in one call, each its own log)
+python3 -m pytest -q -p no:cacheprovider -rfE "${@:-tests/gpu}" > $log 2>&1
 echo "pytest rc=$?"
-grep -E "^(FAILED|ERROR)|passed|failed" $OUT/pytest.txt | tail -25
+grep -E "^(FAILED|ERROR)|passed|failed" $log | tail -25

@@ -402,11 +402,11 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("full-tp8,full,f8e4m3,gate,qkn,late-kv",  # (EARLY_KV off: the first K/V loads after the wait)
                 qkn_constants(spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, GATE=True), "ssmax",
                               EARLY_KV=False)))
-    for kind, mode in (("sliding", "rope"), ("full", "ssmax")):  # LATE_TRIGGER: stage 0 triggers after its loop
-        out.append((f"full-tp8,{kind},f8e4m3,gate,qkn,late-trigger",
+    for kind, mode in (("sliding", "rope"), ("full", "ssmax")):  # LATE_TRIGGER off: stage 0 triggers first too
+        out.append((f"full-tp8,{kind},f8e4m3,gate,qkn,trigger-first",
                     qkn_constants(spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True,
                                                  **({"BLOCK_N": 32} if kind == "sliding" else {})), mode,
-                                  LATE_TRIGGER=True)))
+                                  LATE_TRIGGER=False)))
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,late-trigger-both",  # and the merge's (LATE_TRIGGER1)
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               LATE_TRIGGER=True, LATE_TRIGGER1=True)))
@@ -438,7 +438,7 @@ def _compile(args) -> dict:
 
 def test_aot_compile_every_variant(tmp_path):
     """Every variant for sm_90a and sm_100a (2 processes): a cubin, tensor-core products, shared memory within the
-    limit; PDL on: launch_dependents first (LATE_TRIGGER: stage 0's after its block loop), one wait (QKN with EARLY_KV:
+    limit; PDL on: launch_dependents first (LATE_TRIGGER, the default: stage 0's after its block loop), one wait (QKN with EARLY_KV:
     one on each stage's path), no store before it
     (fp8: the scales loaded before it; QKN: the norm weights, RoPE table, position, slot and block-table entry too;
     EARLY_KV: and the first block's K/V)."""
@@ -454,7 +454,9 @@ def test_aot_compile_every_variant(tmp_path):
         if r["late"]:  # one trigger on each stage's path: stage 1's first, or (both late) after both stages' loops
             assert r["launch_dependents"] == 2 and r["launch_dependents_first"] != r["late_both"], r
         if r["pdl"]:
-            assert r["waits"] == (2 if r["early"] else 1), r  # (EARLY_KV: stage 0 and stage 1 wait on paths of their own)
+            # (EARLY_KV: stage 0 and stage 1 wait on paths of their own; LATE_TRIGGER: the compiler may copy the one
+            # wait onto both sides of the branch that gives stage 1 its trigger first: one wait on each path still)
+            assert r["waits"] == (2 if r["early"] or r["late"] else 1) or (r["late"] and r["waits"] == 1), r
             assert (max(r["loads_before_wait"]) > 0) == (r["fp8"] or r["qkn"]), r  # only parameters / step inputs
 
 

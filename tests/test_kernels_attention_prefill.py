@@ -144,6 +144,11 @@ CASES = {
     # 3 KV heads: a page of 4 x 3 x 16 = 192 values (the copy's tile is the next power of 2, masked)
     "paged4-full-fp8-mirror-hkv3": (constants(6, 3, 16, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=64, **SMALL),
                                     [(1, 45, 11), (0, 0, 9), (2, 7, 1)], True),
+    # TMA: the mirrored pass's unmasked blocks by descriptor loads (3 KV heads: a head's columns at kvh x d)
+    "paged4-full-fp8-mirror-tma": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=64, TMA=True,
+                                              **SMALL), [(1, 45, 11), (0, 0, 9), (2, 7, 1)], False),
+    "paged4-full-fp8-mirror-tma-hkv3-short": (constants(6, 3, 16, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=16,
+                                                         TMA=True, **SMALL), [(1, 45, 11), (0, 0, 9), (2, 7, 1)], True),
 }
 
 
@@ -169,7 +174,8 @@ def check_case(name: str, directory: Path) -> dict:
     facts = dict(err=float("inf") if out.isnan().any() else rel_err(out, want), tiles=-(-len(ins[0]) // mod.BLOCK_T))
     if mod.MIRROR:  # the same bits as the render without MIRROR; which slots the plan mirrored
         plain = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention",
-                                       {k: v for k, v in c.items() if k not in ("MIRROR", "MIRROR_PAGES")}), directory)
+                                       {k: v for k, v in c.items() if k not in ("MIRROR", "MIRROR_PAGES", "TMA")}),
+                           directory)
         base = torch.full_like(out, float("nan"))
         plain.launch(*ins, *gate, base)
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (out - base).abs().max()
@@ -227,7 +233,10 @@ def _jobs() -> list[tuple[str, dict, int]]:
     # the copy)
     mirror = [(f"full-tp8,full,f8e4m3,gate,mirror,o{i}", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
                                                               GATE=True, MIRROR=True, _OPTION=i), 90) for i in range(3)]
-    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror
+    # and its attention with TMA loads of the mirrors' unmasked blocks (descriptor arguments), both targets
+    tma = [(f"full-tp8,full,f8e4m3,gate,mirror,tma", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
+                                                          GATE=True, MIRROR=True, TMA=True), arch) for arch in (90, 100)]
+    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma
 
 
 def _compile(args) -> dict:
@@ -267,7 +276,7 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, True, r["label"])
         assert r["waits"] == 1, r
-    assert len(results) == 13
+    assert len(results) == 15
 
 
 # ---------------------------------------------------------------- 3. the contract

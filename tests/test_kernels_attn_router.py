@@ -136,28 +136,68 @@ def pdl_facts(ptx: str) -> dict:
     """What a kernel's PTX shows about Programmatic Dependent Launch and flush-to-zero:
     - waits / launch_dependents: how many griddepcontrol.wait and griddepcontrol.launch_dependents it holds, and
       whether launch_dependents comes before the first wait;
-    - loads / stores before each wait, on its path from the entry (the entry block up to its first branch or label,
-      then the block of the wait up to it): the global ld / st issued before the previous grid is known complete;
+    - loads / stores before each wait: the global ld / st that may be issued before the previous grid is known
+      complete, i.e. in the blocks of the control-flow graph from which the wait's block can be reached (but not
+      those it reaches: a loop around it), and in its own block above it. Every path counts, so a branch ahead of
+      the wait (a late trigger's `if stage ...`) hides nothing;
     - ftz: the flush-to-zero instructions other than those libdevice always uses (its expf's ex2.approx.ftz, its
       tanhf's rcp.approx.ftz): none when the kernel is compiled with enable_reflect_ftz=False."""
     body = ptx.split(".entry", 1)[1]
-    entry, block, in_entry, before = [], [], True, []
+    blocks, labels, jumps, falls = [[]], {}, [set()], [True]  # events, label -> block, branch targets, fall-through
+
+    def new_block(fall: bool):
+        falls[-1] = fall
+        blocks.append([])
+        jumps.append(set())
+        falls.append(True)
+
     order = []
     for line in body.splitlines():
         s = line.strip()
-        if re.match(r"\$L__BB\d+_\d+:", s):
-            in_entry, block = False, []
+        m = re.match(r"(\$L__BB\d+_\d+):", s)
+        if m:
+            if blocks[-1] or jumps[-1]:
+                new_block(True)
+            labels[m.group(1)] = len(blocks) - 1
             continue
-        if re.search(r"\bbra(\.uni)?\b", s):
-            in_entry = False
         m = re.search(r"\b(ld|st|atom|red)\.global", s)
         if m:
-            (entry if in_entry else block).append("ld" if m.group(1) == "ld" else "st")
+            blocks[-1].append("ld" if m.group(1) == "ld" else "st")
         if "griddepcontrol.launch_dependents" in s:
             order.append("launch_dependents")
         if "griddepcontrol.wait" in s:
             order.append("wait")
-            before.append(list(entry) if in_entry else entry + block)  # a copy: the entry block may go on
+            blocks[-1].append("wait")
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+)", s)
+        if m:
+            jumps[-1].add(m.group(1))
+            new_block(s.startswith("@"))  # a predicated branch may fall through
+        elif re.match(r"(@\S+\s+)?(ret|exit)\b", s):
+            new_block(s.startswith("@"))
+    succ = [{labels[t] for t in jumps[i] if t in labels} | ({i + 1} if falls[i] and i + 1 < len(blocks) else set())
+            for i in range(len(blocks))]
+    pred = [set() for _ in blocks]
+    for i, out in enumerate(succ):
+        for j in out:
+            pred[j].add(i)
+
+    def reach(start: int, edges) -> set:
+        seen, todo = set(), [start]
+        while todo:
+            for j in edges[todo.pop()]:
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        return seen
+
+    before = []
+    for b, events in enumerate(blocks):
+        head = []
+        for e in events:
+            if e == "wait":
+                above = reach(b, pred) - reach(b, succ) - {b}
+                before.append(head + [x for a in sorted(above) for x in blocks[a] if x != "wait"])
+            head = head + [e] if e != "wait" else head
     ftz = set(re.findall(r"\b[a-z0-9]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*", ptx))
     return dict(waits=order.count("wait"), launch_dependents=order.count("launch_dependents"),
                 launch_dependents_first=bool(order) and order[0] == "launch_dependents",

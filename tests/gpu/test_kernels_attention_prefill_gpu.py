@@ -169,6 +169,8 @@ def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, kdir):
     ("ragged", None, {}),  # room for every slot: all read from the mirror
     ("long-100k+decode", 6300, {}),  # room for one 100K context only: the other slots read from the pool
     ("ragged-shuffled", None, dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, NUM_STAGES=2)),  # the bf16 cache's tiles
+    ("ragged", None, dict(TMA=True)),  # the mirrored pass's unmasked blocks by TMA copies
+    ("long-100k+decode", 6300, dict(TMA=True)),
 ])
 def test_mirror_render_gives_the_same_bits(case, pages, tiles, kdir):
     """MIRROR (the full layer's fp8 K/V converted once per launch into a bf16 mirror, then read without page lookups

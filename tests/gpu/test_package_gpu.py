@@ -8,7 +8,7 @@ differ and max |out - ref| / max |ref| < 1e-2 (the pointwise and attention test 
 differences on the same inputs, which are larger). The router's fp32 GEMM runs in another order too: weights
 within 1e-5, ids equal except near-ties. GEMM-class kernels (gemv, the NVFP4 MoE) sum in another order than
 cuBLAS, attention kernels use an online softmax, and the library's packed QKV+gate GEMM is one cuBLAS call where
-the reference makes one per part: ||out - ref|| / ||ref|| < 1e-2 (the H200 run measured <= 5.6e-3). Writes every row to $BEAMC_GPU_OUT/package.json when that is set.
+the reference makes one per part: ||out - ref|| / ||ref|| < 1e-2 (the H200 runs measured <= 5.6e-3, and 6.2e-3 in s15). Writes every row to $BEAMC_GPU_OUT/package.json when that is set.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 NORM_OPS = {"boundary", "embed_norm", "qk_norm_pos_kv"}
 GEMM_OPS = {"linear", "linear_packed", "gate_up_swiglu", "linear_softcap", "moe_experts"}  # relative error
+# the attention ops as the passes leave them (the output gate in the epilogue, the q/k norms in the decode kernel):
+# online softmax, relative error (the s15 H200 run found them judged bit for bit, as pointwise ops: norm_rel <= 7e-4)
+ATTENTION_OPS = {"attention", "attention_gate", "qk_attention"}
 ROWS: list[dict] = []
 
 
@@ -61,7 +64,7 @@ def test_package_kernels_match_their_references_bitwise(case):
         elif r["op"] == "moe_router":
             if r["max_rel"] > 1e-5 or r["int_mismatches"] > max(1, r["tokens"] // 50):
                 bad.append(r)
-        elif r["op"] in GEMM_OPS or r["op"] == "attention":  # kernels or cuBLAS (packed: one GEMM, not 4)
+        elif r["op"] in GEMM_OPS | ATTENTION_OPS:  # kernels or cuBLAS (packed: one GEMM, not 4)
             if r["norm_rel"] >= 1e-2:
                 bad.append(r)
         elif r["op"] in NORM_OPS:
