@@ -23,6 +23,7 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import networkx as nx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -174,30 +175,19 @@ def pdl_facts(ptx: str) -> dict:
             new_block(s.startswith("@"))  # a predicated branch may fall through
         elif re.match(r"(@\S+\s+)?(ret|exit)\b", s):
             new_block(s.startswith("@"))
-    succ = [{labels[t] for t in jumps[i] if t in labels} | ({i + 1} if falls[i] and i + 1 < len(blocks) else set())
-            for i in range(len(blocks))]
-    pred = [set() for _ in blocks]
-    for i, out in enumerate(succ):
-        for j in out:
-            pred[j].add(i)
-
-    def reach(start: int, edges) -> set:
-        seen, todo = set(), [start]
-        while todo:
-            for j in edges[todo.pop()]:
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-        return seen
-
+    cfg = nx.DiGraph()
+    cfg.add_nodes_from(range(len(blocks)))
+    cfg.add_edges_from((i, labels[t]) for i in range(len(blocks)) for t in jumps[i] if t in labels)
+    cfg.add_edges_from((i, i + 1) for i in range(len(blocks) - 1) if falls[i])
     before = []
     for b, events in enumerate(blocks):
+        above = nx.ancestors(cfg, b) - nx.descendants(cfg, b)  # (a loop around the wait's block: not before it)
         head = []
         for e in events:
             if e == "wait":
-                above = reach(b, pred) - reach(b, succ) - {b}
                 before.append(head + [x for a in sorted(above) for x in blocks[a] if x != "wait"])
-            head = head + [e] if e != "wait" else head
+            else:
+                head.append(e)
     ftz = set(re.findall(r"\b[a-z0-9]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*", ptx))
     return dict(waits=order.count("wait"), launch_dependents=order.count("launch_dependents"),
                 launch_dependents_first=bool(order) and order[0] == "launch_dependents",
