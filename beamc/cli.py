@@ -115,8 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--moe-combine-max-tokens", type=int, default=None, metavar="N",
                    help="at TP > 1, steps of up to N tokens run the MoE decode kernel's COMBINE render (the top-k "
                         "combine and x2.5 in its down GEMM's epilogue: one launch less per MoE layer); larger steps "
-                        "the expert kernels then moe_combine. Default: off (0): at 1 token the whole decode step "
-                        "measured slower with it on the H200 (docs/perf-log.md, eleventh session)")
+                        "the expert kernels then moe_combine; 0: off. Default: 8 (on the H200 the whole decode step at 1 "
+                        "token 2.59 -> 2.52 ms, the kernel alone faster at 2-8 tokens: docs/perf-log.md, sixteenth "
+                        "session)")
     c.add_argument("--attention-mirror", type=_mirror_pages, default=None, metavar="PAGES|auto",
                    help="full-attention prefill over an fp8 KV cache converts the step's K/V once into a bf16 "
                         "mirror of PAGES pages per launch (2 x PAGES x page size x KV heads x head dim x 2 bytes of "

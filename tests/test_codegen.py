@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from beamc.codegen.emitters import MOE_COMBINE_MAX_TOKENS
 from beamc.codegen.kernel import aot_compile
 from beamc.codegen.package import compile_package, render_steps
 from beamc.errors import BeamcError
@@ -276,8 +277,9 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
 
 def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
     """`moe_combine_max_tokens` (`beamc compile --moe-combine-max-tokens N`): at TP 2, steps of up to N tokens take the
-    MoE decode kernel's COMBINE render and no moe_combine launch, larger steps the experts then moe_combine; 0 (the
-    default now) the latter at every size; the manifest records it; a negative count is refused by name."""
+    MoE decode kernel's COMBINE render and no moe_combine launch, larger steps the experts then moe_combine; 0 the
+    latter at every size; by default (None) up to emitters.MOE_COMBINE_MAX_TOKENS (8) tokens; the manifest records
+    it; a negative count is refused by name."""
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
     pkg = compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=4)
     moe = [ln for n, ln in pkg.steps["decode"].launches if n.op == "moe_experts"]
@@ -288,9 +290,13 @@ def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
     for T in (1, 4, 5, 64, 65, 20000):  # every token count runs the experts exactly once per MoE layer
         assert sum(ln.runs_for(T) and ln.kernel.template.startswith("moe_nvfp4") for ln in moe) == len(combine), T
     assert pkg.manifest()["moe_combine_max_tokens"] == 4
-    off = compile_package(tiny, tp=2, passes=ALL, phases=("decode",))
+    off = compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=0)
     assert not any(ln.kernel is not None and ln.kernel.constants.get("COMBINE")
                    for _, ln in off.steps["decode"].launches)
+    default = compile_package(tiny, tp=2, passes=ALL, phases=("decode",))
+    fused = [ln for n, ln in default.steps["decode"].launches
+             if n.op == "moe_experts" and ln.kernel is not None and ln.kernel.constants.get("COMBINE")]
+    assert MOE_COMBINE_MAX_TOKENS == 8 and fused and all(ln.runs_for(8) and not ln.runs_for(9) for ln in fused)
     with pytest.raises(BeamcError, match="--moe-combine-max-tokens"):
         compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=-1)
 

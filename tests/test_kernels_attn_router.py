@@ -341,10 +341,13 @@ ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
 # TF32X2 (large path, bf16 x; the default there): W split by hand into two TF32 parts, two MMAs a step
 ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
+# SELECT_SORT (the selection by bitonic top-k): bitwise equal to the iterative render, exact ties included
+ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "large", 70), ("odd", "small", 5),
+                     ("odd", "large", 70)]
 
 
 def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False,
-                 tf32x2: bool = False) -> dict:
+                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False) -> dict:
     dtype = "bf16" if tf32x2 else "f32"  # (TF32X2 is the 16-bit-x render; the interpreter's dot is fp32 either way)
     c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
     if tf32x2:
@@ -355,12 +358,19 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
         c["PDL"] = True
     if one_launch:
         c["ONE_LAUNCH"] = True
+    plain = dict(c, SELECT_SORT=False)  # the iterative render (select_sort: compared bit for bit)
+    if select_sort:
+        c["SELECT_SORT"] = True  # (the default; explicit here)
     mod = load_interpreted("moe_router", c, kdir)
     g = torch.Generator().manual_seed(T)
     x = torch.randn(T, c["H"], generator=g)
     x = x.bfloat16() if tf32x2 else x
     W = torch.randn(c["E"], c["H"], generator=g) * 0.05
     bias = torch.randn(c["E"], generator=g) * 0.02
+    if ties:  # exact ties: experts 1 and 2 (one group) copy expert 0, and group 1 copies group 0 (equal group scores)
+        gsz = c["E"] // c["N_GROUP"]
+        W[1:3], bias[1:3] = W[0], bias[0]
+        W[gsz:2 * gsz], bias[gsz:2 * gsz] = W[:gsz], bias[:gsz]
     weights = torch.full((T, c["TOP_K"]), float("nan"))
     ids = torch.full((T, c["TOP_K"]), -1, dtype=torch.int64)
     n = mod.scratch_numel(T)
@@ -371,6 +381,14 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     assert mod.constexprs(T)["ONE_LAUNCH"] == (one_launch and T == 1)
     assert mod.TF32X2 == tf32x2
 
+    if select_sort:  # the iterative render on the same inputs: the same ids and weights, bit for bit
+        ref_mod = load_interpreted("moe_router", plain, kdir)
+        w0, i0 = torch.full_like(weights, float("nan")), torch.full_like(ids, -1)
+        ref_mod.launch(x, W, bias, w0, i0, torch.full((n + 64,), float("nan")))
+        assert torch.equal(ids, i0), (ids, i0)
+        assert torch.equal(weights.view(torch.int32), w0.view(torch.int32)), (weights, w0)
+        if ties:
+            return dict(ties="all")
     exact = (x.double() @ W.double().T)
     assert ((mod.logits(scratch, T) - exact).abs().max() / exact.abs().max()).item() < 1e-6
     attrs = dict(n_group=c["N_GROUP"], topk_group=c["TOPK_GROUP"], top_k=c["TOP_K"], renormalize=c["RENORMALIZE"],
@@ -399,6 +417,15 @@ def test_moe_router_tf32x2_render_interpreted(spec_name, path, T, interpreted):
     """TF32X2 (bf16 x: W's tile split by hand into a TF32 head and the TF32-rounded rest, two MMAs a step): the
     logits within 1e-6 of the exact product, the selection equal to the reference's away from near-ties."""
     _check(interpreted, f"router[{spec_name}-{path}-{T}+tf32x2]")
+
+
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_SORT_CASES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_moe_router_select_sort_interpreted(spec_name, path, T, ties, interpreted):
+    """SELECT_SORT (the groups and the experts each by one bitonic top-k over packed keys, the weights from the
+    chosen logits again): the same ids and weights as the iterative render, bit for bit, exact ties included (experts
+    with equal choices, groups with equal scores: the lower index first in both), and the reference's selection."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+sort{'+ties' if ties else ''}]")
 
 
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_PDL_CASES)
@@ -430,6 +457,10 @@ def _variants() -> list[tuple[str, str, dict]]:
             # T = 1: the small path's one launch (the last program to finish selects; an option, off by default)
             out.append((f"moe_router[{name},small,T1{tag}]", "moe_router",
                         {**router_constants(spec, "small"), **extra, "ONE_LAUNCH": True, "_T": 1}))
+        if name == "full-tp8":  # SELECT_SORT=False (the iterative selection; the default sorts): both paths' binaries
+            for path in ("small", "large"):
+                out.append((f"moe_router[{name},{path},select,iterative]", "moe_router",
+                            {**router_constants(spec, path), "SELECT_SORT": False, "_OPTS": 1}))
         if name == "full-tp8":  # TF32X2=False (TF32X2, W split by hand, is the bf16 default): tf32x3, cvt.rna
             out.append((f"moe_router[{name},large,tf32x3]", "moe_router",
                         {**router_constants(spec, "large"), "TF32X2": False}))
@@ -486,8 +517,8 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (2 if r["router"] and not r["one_launch"] else 1), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 80
-    assert sum(r["pdl"] for r in results) == 54
+    assert len(results) == 2 * len(_variants()) == 84
+    assert sum(r["pdl"] for r in results) == 58
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
@@ -504,6 +535,10 @@ def _interpreter_cases(tiny):
                 for a, b, t in ROUTER_ONE_LAUNCH_CASES)
     yield from ((f"router[{a}-{b}-{t}+tf32x2]", lambda *x: check_router(*x, tf32x2=True), (a, b, t))
                 for a, b, t in ROUTER_TF32X2_CASES)
+    for ties in (False, True):
+        yield from ((f"router[{a}-{b}-{t}+sort{'+ties' if ties else ''}]",
+                     lambda *x, ties=ties: check_router(*x, select_sort=True, ties=ties), (a, b, t))
+                    for a, b, t in ROUTER_SORT_CASES)
 
 
 if __name__ == "__main__":

@@ -259,17 +259,20 @@ MOE_DEQUANT_DOWN_MIN_TOKENS = 16384
 # GEMM's epilogue, one launch less. Measured on the H200 2026-12-01 (bench/results/moe-combine-2026-12-01-s10run5.json,
 # re-laid-out weights, us per MoE layer in a CUDA graph of 8 layers, two launches / COMBINE, bits equal): T = 1 20.4 /
 # 21.1, 2 30.0 / 29.8, 4 52.0 / 46.6, 8 96.9 / 87.3. In the whole decode step at T = 1 (full-model-2026-12-01-s11run1
-# against -s11run1-combine1, the experts re-laid out): 2.918 ms with two launches, 2.971 with COMBINE. Off (0) at
-# T = 1; T = 4-8 (batched or speculative decode) not measured in a step. The pass still moves the combine into the
-# op, and the emitter then runs the two launches as before it.
-MOE_COMBINE_MAX_TOKENS = 0
+# against -s11run1-combine1, the experts re-laid out): 2.918 ms with two launches, 2.971 with COMBINE. Measured again
+# after the late PDL triggers of the MoE experts and the decode attention (2026-12-02, bench/results/
+# variants-2026-12-02-s16run2.json, variants in one run, logits bitwise): 2.597 / 2.586 ms with two launches, 2.522
+# with COMBINE at T = 1 (-2.7%): on up to 8 tokens, where it also won alone; T = 2-8 not measured in a step. The pass
+# moves the combine into the op either way; above the limit the emitter runs the two launches as before it.
+MOE_COMBINE_MAX_TOKENS = 8
 MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS, "basis": "measured",
                       "figures": [{"tokens": t, "two_launches_us": a, "combine_us": b}
                                   for t, a, b in ((1, 20.38, 21.07), (2, 29.99, 29.79), (4, 51.97, 46.64),
                                                   (8, 96.94, 87.31))],
-                      "in_step": {"tokens": 1, "two_launches_ms": 2.918, "combine_ms": 2.971},
+                      "in_step": {"tokens": 1, "two_launches_ms": 2.5915, "combine_ms": 2.522},
                       "source": "bench/results/moe-combine-2026-12-01-s10run5.json, "
-                                "full-model-2026-12-01-s11run1.json, full-model-2026-12-01-s11run1-combine1.json"}
+                                "variants-2026-12-02-s16run2.json (in the step; 2026-12-01 s11run1: 2.918 / 2.971 "
+                                "before the late PDL triggers)"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}

@@ -261,6 +261,46 @@ def test_moe_router(spec_name, T, pdl, kdir, summary):
     assert w_rel_own <= 1e-6 and w_rel_ref <= 1e-6 + 4 * rec["logits_rel_cublas"] * float(cublas.abs().max()), rec
 
 
+@pytest.mark.parametrize("spec_name,T,ties", [(s, T, ties) for s in ("full", "odd") for T in (1, 5, 64, 70, 4096)
+                                               for ties in (False, True)] + [("tiny", 1, False), ("full", 16384, False)])
+def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
+    """SELECT_SORT (the groups and the experts by bitonic top-k over packed keys, the weights from the chosen logits
+    again) against the iterative render on the same inputs: the same ids and weights, bit for bit (exact ties too:
+    experts and groups copied), eagerly and replayed from a CUDA graph; the outputs poisoned before each run."""
+    path = "small" if T <= 64 else "large"
+    plain = dict(_router_constants(spec_name, path), SELECT_SORT=False)  # the iterative render
+    sort = _module("moe_router", dict(plain, SELECT_SORT=True), kdir)  # (the default)
+    base = _module("moe_router", plain, kdir)
+    assert sort.SELECT_SORT and not base.SELECT_SORT
+    x, W, bias = _router_inputs(plain, T, seed=T + 7 * ties)
+    if ties:
+        gsz = plain["E"] // plain["N_GROUP"]
+        W[1:3], bias[1:3] = W[0].clone(), bias[0].clone()
+        W[gsz:2 * gsz], bias[gsz:2 * gsz] = W[:gsz].clone(), bias[:gsz].clone()
+    w0, i0, l0, _ = _run_router(base, x, W, bias)
+    w1, i1, l1, _ = _run_router(sort, x, W, bias)
+    assert torch.equal(l0, l1), "the logits differ: the render changed stage 0"
+    same = torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32))
+    # replayed from a graph (poisoned first)
+    wg = torch.full_like(w1, float("nan"))
+    ig = torch.full_like(i1, -1)
+    scratch = torch.full((sort.scratch_numel(T),), float("nan"), device="cuda")
+    graph = captured_graph(lambda: sort.launch(x, W, bias, wg, ig, scratch), 1)
+    wg.fill_(float("nan"))
+    ig.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    same_graph = torch.equal(ig, i1) and torch.equal(wg.view(torch.int32), w1.view(torch.int32))
+    t0 = _time_us(lambda: base.launch(x, W, bias, w0, i0, scratch))
+    t1 = _time_us(lambda: sort.launch(x, W, bias, wg, ig, scratch))
+    rec = dict(case=f"select-sort-{spec_name}-T{T}{'-ties' if ties else ''}", bitwise=same, graph_bitwise=same_graph,
+               us_iterative=t0, us_sort=t1, rows_differ=int((i0 != i1).any(-1).sum()))
+    summary["moe_router"].append(rec)
+    print(f"router select-sort {spec_name} T{T}{' ties' if ties else ''}: bitwise {same} (graph {same_graph}), "
+          f"{t0 and round(t0, 2)} -> {t1 and round(t1, 2)} us")
+    assert same and same_graph, rec
+
+
 @pytest.mark.parametrize("spec_name,T", [("full", 5), ("full", 64), ("odd", 37)])
 def test_moe_router_paths_agree(spec_name, T, kdir, summary):
     """The small-M (GEMV, tree sums) and large-M (FMA chains) paths: logits within 1e-6, the same choice."""
