@@ -301,6 +301,35 @@ def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
     assert same and same_graph, rec
 
 
+@pytest.mark.parametrize("spec_name,T", [(s, T) for s in ("full", "odd", "tiny") for T in (1, 5, 37, 64)])
+def test_moe_router_direct_sum_bitwise(spec_name, T, kdir, summary):
+    """DIRECT_SUM (small path: the selection from the summed partials in registers, no read-back of the stored
+    logits; off by default: Triton 3.6 once miscompiled the reduced tile's layout at 1-2 warps) against the default
+    render: the same logits, ids and weights, bit for bit, eagerly and from a graph."""
+    plain = _router_constants(spec_name, "small")
+    base = _module("moe_router", plain, kdir)
+    direct = _module("moe_router", dict(plain, DIRECT_SUM=True), kdir)
+    assert direct.DIRECT_SUM and not base.DIRECT_SUM
+    x, W, bias = _router_inputs(plain, T, seed=3 * T + 1)
+    w0, i0, l0, _ = _run_router(base, x, W, bias)
+    w1, i1, l1, _ = _run_router(direct, x, W, bias)
+    same = torch.equal(l0, l1) and torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32))
+    wg, ig = torch.full_like(w1, float("nan")), torch.full_like(i1, -1)
+    scratch = torch.full((direct.scratch_numel(T),), float("nan"), device="cuda")
+    graph = captured_graph(lambda: direct.launch(x, W, bias, wg, ig, scratch), 1)
+    wg.fill_(float("nan"))
+    ig.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    same_graph = torch.equal(ig, i1) and torch.equal(wg.view(torch.int32), w1.view(torch.int32))
+    t0 = _time_us(lambda: base.launch(x, W, bias, w0, i0, scratch))
+    t1 = _time_us(lambda: direct.launch(x, W, bias, wg, ig, scratch))
+    rec = dict(case=f"direct-sum-{spec_name}-T{T}", bitwise=same, graph_bitwise=same_graph, us_default=t0,
+               us_direct=t1, rows_differ=int((i0 != i1).any(-1).sum()))
+    summary["moe_router"].append(rec)
+    assert same and same_graph, rec
+
+
 @pytest.mark.parametrize("spec_name,T", [("full", 5), ("full", 64), ("odd", 37)])
 def test_moe_router_paths_agree(spec_name, T, kdir, summary):
     """The small-M (GEMV, tree sums) and large-M (FMA chains) paths: logits within 1e-6, the same choice."""
