@@ -261,6 +261,25 @@ def test_moe_router(spec_name, T, pdl, kdir, summary):
     assert w_rel_own <= 1e-6 and w_rel_ref <= 1e-6 + 4 * rec["logits_rel_cublas"] * float(cublas.abs().max()), rec
 
 
+def _renders_agree(base, other, x, W, bias):
+    """Two renders of the router on the same inputs: (logits equal, ids and weights equal bit for bit, the other's
+    graph replay (outputs poisoned first) equal to its eager launch, us of base, us of other, rows that differ)."""
+    w0, i0, l0, _ = _run_router(base, x, W, bias)
+    w1, i1, l1, _ = _run_router(other, x, W, bias)
+    same = torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32))
+    wg, ig = torch.full_like(w1, float("nan")), torch.full_like(i1, -1)
+    scratch = torch.full((other.scratch_numel(x.shape[0]),), float("nan"), device="cuda")
+    graph = captured_graph(lambda: other.launch(x, W, bias, wg, ig, scratch), 1)
+    wg.fill_(float("nan"))
+    ig.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    same_graph = torch.equal(ig, i1) and torch.equal(wg.view(torch.int32), w1.view(torch.int32))
+    t0 = _time_us(lambda: base.launch(x, W, bias, w0, i0, scratch))
+    t1 = _time_us(lambda: other.launch(x, W, bias, wg, ig, scratch))
+    return torch.equal(l0, l1), same, same_graph, t0, t1, int((i0 != i1).any(-1).sum())
+
+
 @pytest.mark.parametrize("spec_name,T,ties", [(s, T, ties) for s in ("full", "odd") for T in (1, 5, 64, 70, 4096)
                                                for ties in (False, True)] + [("tiny", 1, False), ("full", 16384, False)])
 def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
@@ -277,24 +296,10 @@ def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
         gsz = plain["E"] // plain["N_GROUP"]
         W[1:3], bias[1:3] = W[0].clone(), bias[0].clone()
         W[gsz:2 * gsz], bias[gsz:2 * gsz] = W[:gsz].clone(), bias[:gsz].clone()
-    w0, i0, l0, _ = _run_router(base, x, W, bias)
-    w1, i1, l1, _ = _run_router(sort, x, W, bias)
-    assert torch.equal(l0, l1), "the logits differ: the render changed stage 0"
-    same = torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32))
-    # replayed from a graph (poisoned first)
-    wg = torch.full_like(w1, float("nan"))
-    ig = torch.full_like(i1, -1)
-    scratch = torch.full((sort.scratch_numel(T),), float("nan"), device="cuda")
-    graph = captured_graph(lambda: sort.launch(x, W, bias, wg, ig, scratch), 1)
-    wg.fill_(float("nan"))
-    ig.fill_(-1)
-    graph.replay()
-    torch.cuda.synchronize()
-    same_graph = torch.equal(ig, i1) and torch.equal(wg.view(torch.int32), w1.view(torch.int32))
-    t0 = _time_us(lambda: base.launch(x, W, bias, w0, i0, scratch))
-    t1 = _time_us(lambda: sort.launch(x, W, bias, wg, ig, scratch))
+    same_logits, same, same_graph, t0, t1, rows_differ = _renders_agree(base, sort, x, W, bias)
+    assert same_logits, "the logits differ: the render changed stage 0"
     rec = dict(case=f"select-sort-{spec_name}-T{T}{'-ties' if ties else ''}", bitwise=same, graph_bitwise=same_graph,
-               us_iterative=t0, us_sort=t1, rows_differ=int((i0 != i1).any(-1).sum()))
+               us_iterative=t0, us_sort=t1, rows_differ=rows_differ)
     summary["moe_router"].append(rec)
     print(f"router select-sort {spec_name} T{T}{' ties' if ties else ''}: bitwise {same} (graph {same_graph}), "
           f"{t0 and round(t0, 2)} -> {t1 and round(t1, 2)} us")
@@ -311,21 +316,10 @@ def test_moe_router_direct_sum_bitwise(spec_name, T, kdir, summary):
     direct = _module("moe_router", dict(plain, DIRECT_SUM=True), kdir)
     assert direct.DIRECT_SUM and not base.DIRECT_SUM
     x, W, bias = _router_inputs(plain, T, seed=3 * T + 1)
-    w0, i0, l0, _ = _run_router(base, x, W, bias)
-    w1, i1, l1, _ = _run_router(direct, x, W, bias)
-    same = torch.equal(l0, l1) and torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32))
-    wg, ig = torch.full_like(w1, float("nan")), torch.full_like(i1, -1)
-    scratch = torch.full((direct.scratch_numel(T),), float("nan"), device="cuda")
-    graph = captured_graph(lambda: direct.launch(x, W, bias, wg, ig, scratch), 1)
-    wg.fill_(float("nan"))
-    ig.fill_(-1)
-    graph.replay()
-    torch.cuda.synchronize()
-    same_graph = torch.equal(ig, i1) and torch.equal(wg.view(torch.int32), w1.view(torch.int32))
-    t0 = _time_us(lambda: base.launch(x, W, bias, w0, i0, scratch))
-    t1 = _time_us(lambda: direct.launch(x, W, bias, wg, ig, scratch))
+    same_logits, same, same_graph, t0, t1, rows_differ = _renders_agree(base, direct, x, W, bias)
+    same = same and same_logits
     rec = dict(case=f"direct-sum-{spec_name}-T{T}", bitwise=same, graph_bitwise=same_graph, us_default=t0,
-               us_direct=t1, rows_differ=int((i0 != i1).any(-1).sum()))
+               us_direct=t1, rows_differ=rows_differ)
     summary["moe_router"].append(rec)
     assert same and same_graph, rec
 
