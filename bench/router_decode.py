@@ -27,8 +27,10 @@ from beamc.spec import load_spec  # noqa: E402
 # now the default; a since-removed option that gathered the chosen weights from the stored logits instead of a masked
 # sum per choice: 6.73 at 4 warps, 6.37 at 1; the one-launch option, ONE_LAUNCH: 8.26 against 7.11 the session before)
 # SELECT_SORT (2026-12-02): the groups and the experts by bitonic top-k over packed keys instead of ~30 serial reductions
-VARIANTS = (("1 warp (default)", {}), ("1 warp, SELECT_SORT", {"SELECT_SORT": True}), ("2 warps", {"SELECT_WARPS": 2}),
-            ("1 warp (default, again)", {}), ("1 warp, SELECT_SORT, again", {"SELECT_SORT": True}))
+# (the default since; measured against it: the iterative selection)
+VARIANTS = (("1 warp, iterative", {"SELECT_SORT": False}), ("1 warp (default: SELECT_SORT)", {}),
+            ("2 warps", {"SELECT_WARPS": 2}), ("1 warp, iterative, again", {"SELECT_SORT": False}),
+            ("1 warp (default, again)", {}))
 
 
 def main() -> int:

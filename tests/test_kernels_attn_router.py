@@ -341,8 +341,8 @@ ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
 # TF32X2 (large path, bf16 x; the default there): W split by hand into two TF32 parts, two MMAs a step
 ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
-# SELECT_SORT (the selection by bitonic top-k): bitwise equal to the iterative render, exact ties included
 ROUTER_DIRECT_SUM_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("odd", "small", 5)]  # DIRECT_SUM (off)
+# SELECT_SORT (the selection by bitonic top-k): bitwise equal to the iterative render, exact ties included
 ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "large", 70), ("odd", "small", 5),
                      ("odd", "large", 70)]
 
