@@ -356,7 +356,22 @@ MOE_COMBINE_CASES = {
     "tp2-T3-raw-shared": (2, None, 3, False, "shared", None),
     "E5-T3-k3-relaid-bad-ids": (1, _odd(5, 384, 96, 3), 3, True, "bad", 2.5),
     "E7-T2-k2-relaid-one-expert": (1, _odd(7, 128, 32, 2), 2, True, "one", None),
+    # EARLY1: stage 1's routing and first K steps' weights read before its (PDL) wait; all steps early, or 2 of 3
+    # early and the loop for the rest; a PDL render (gdc calls compiled out in the interpreter)
+    "tp1-T1-relaid-x2.5-early1": (1, dict(EARLY1=True), 1, True, "distinct", 2.5),
+    "tp2-T3-raw-shared-early1": (2, dict(EARLY1=True), 3, False, "shared", None),
+    "E5-T3-k3-relaid-bad-ids-early1-2of3": (1, dict(_odd(5, 384, 96, 3), EARLY1=True, EARLY1_CHUNKS=2), 3, True,
+                                            "bad", 2.5),
+    "E7-T2-k2-raw-one-expert-early1-pdl": (1, dict(_odd(7, 128, 64, 2), EARLY1=True, PDL=True), 2, False, "one",
+                                           None),
 }
+
+
+def test_early1_render_refuses_an_early_trigger(tmp_path):
+    """EARLY1 reads idx before stage 1's wait: a PDL render whose stage 0 triggers before its own wait is refused."""
+    c = dict(moe_constants(tiny_spec_(), 1, "bf16"), COMBINE=True, EARLY1=True, PDL=True, LATE_TRIGGER=False)
+    with pytest.raises(AssertionError, match="LATE_TRIGGER=True"):
+        load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), tmp_path)
 
 
 def combined_reference(x, idx, params, w, scale) -> torch.Tensor:

@@ -227,6 +227,74 @@ def test_moe_nvfp4_decode_combine_render(T, relaid, kind, tmp_path_factory):
     assert line["h_rel_err"] < 1e-2, line
 
 
+@pytest.mark.parametrize("T,relaid,kind", [(1, True, "distinct"), (3, True, "bad"), (8, True, "skewed"),
+                                            (1, False, "distinct")])
+def test_moe_nvfp4_decode_combine_early1(T, relaid, kind, tmp_path_factory):
+    """EARLY1 (stage 1 reads its routing and its weights before the PDL wait) against the default COMBINE render:
+    the same dots in the same order, so bitwise the same out, eagerly and replayed from a CUDA graph (new inputs
+    copied in); both timed in graphs (median of 30 replays, L2 flushed before each; reported, not asserted)."""
+    c = _constants()
+    key = ("combine-early1",)
+    if key not in _CACHE:
+        d = tmp_path_factory.mktemp("moe_combine_early1")
+        _CACHE[key] = tuple(load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=2.5,
+                                                                                  **extra)), d)
+                            for extra in ({}, dict(EARLY1=True)))
+    mods = _CACHE[key]
+    assert mods[0].EARLY1_CHUNKS == 0 and mods[1].EARLY1_CHUNKS == 5
+    params = _weights(relaid, mods[0])
+    x = torch.empty(T, c["H"], dtype=torch.bfloat16, device="cuda")
+    idx = torch.empty(T, c["TOP_K"], dtype=torch.int64, device="cuda")
+    w = torch.empty(T, c["TOP_K"], dtype=torch.float32, device="cuda")
+
+    def fresh(seed):
+        g = torch.Generator().manual_seed(seed)
+        x.copy_(torch.randn(T, c["H"], generator=g).bfloat16())
+        idx.copy_(_idx(kind, T, c, g))
+        w.copy_(torch.rand(T, c["TOP_K"], generator=g) + 0.05)
+
+    outs = [torch.empty(T, c["H"], dtype=torch.bfloat16, device="cuda") for _ in mods]
+    hs = [torch.empty(mods[0].scratch_numel(T), dtype=torch.bfloat16, device="cuda") for _ in mods]
+    runs = [lambda m=m, o=o, h=h: m.launch(x, idx, *params, w, o, h) for m, o, h in zip(mods, outs, hs)]
+    fresh(300 + T)
+    for o, run in zip(outs, runs):
+        o.fill_(float("nan"))
+        run()
+    torch.cuda.synchronize()
+    eager = [o.clone() for o in outs]
+    graphs = [captured_graph(run) for run in runs]
+    fresh(400 + T)
+    for o, gr in zip(outs, graphs):
+        o.fill_(float("nan"))
+        gr.replay()
+    torch.cuda.synchronize()
+    replayed = [o.clone() for o in outs]
+    direct = torch.full_like(outs[1], float("nan"))
+    mods[1].launch(x, idx, *params, w, direct, torch.empty_like(hs[1]))
+    torch.cuda.synchronize()
+    ref = combined_reference(x.float(), idx, _weights(False), w, 2.5)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    us = []
+    for gr in graphs:
+        times = []
+        for _ in range(30):
+            flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            gr.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        us.append(sorted(times)[len(times) // 2])
+    line = dict(T=T, relaid=relaid, routing=kind, bitwise=bool(torch.equal(eager[0], eager[1])),
+                graph_bitwise=bool(torch.equal(replayed[0], replayed[1]) and torch.equal(replayed[1], direct)),
+                rel_err=_rel(replayed[1], ref), us_default=us[0], us_early1=us[1])
+    SUMMARY.setdefault("moe_nvfp4_decode_combine_early1", []).append(line)
+    print(f"moe_nvfp4_decode COMBINE EARLY1 T={T} relaid={relaid} {kind}: bitwise {line['bitwise']}, graph "
+          f"{line['graph_bitwise']}, rel err {line['rel_err']:.2e}, us default / early1 {us[0]:.2f} / {us[1]:.2f}")
+    assert line["bitwise"] and line["graph_bitwise"] and line["rel_err"] < 1e-2, line
+
+
 def test_moe_nvfp4_decode_cuda_graph(tmp_path_factory):
     """Captured once with fixed buffers (x, idx, y, scratch), replayed with new x and idx copied in: the same bits
     as a direct launch."""
