@@ -341,14 +341,13 @@ ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
 # TF32X2 (large path, bf16 x; the default there): W split by hand into two TF32 parts, two MMAs a step
 ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
-ROUTER_DIRECT_SUM_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("odd", "small", 5)]  # DIRECT_SUM (off)
 # SELECT_SORT (the selection by bitonic top-k): bitwise equal to the iterative render, exact ties included
 ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "large", 70), ("odd", "small", 5),
                      ("odd", "large", 70)]
 
 
 def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False,
-                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False, direct_sum: bool = False) -> dict:
+                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False) -> dict:
     dtype = "bf16" if tf32x2 else "f32"  # (TF32X2 is the 16-bit-x render; the interpreter's dot is fp32 either way)
     c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
     if tf32x2:
@@ -362,8 +361,6 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     plain = dict(c, SELECT_SORT=False)  # the iterative render (select_sort: compared bit for bit)
     if select_sort:
         c["SELECT_SORT"] = True  # (the default; explicit here)
-    if direct_sum:  # compared bit for bit with the default render (which reads the stored logits back)
-        plain, c["DIRECT_SUM"] = dict(c), True
     mod = load_interpreted("moe_router", c, kdir)
     g = torch.Generator().manual_seed(T)
     x = torch.randn(T, c["H"], generator=g)
@@ -384,7 +381,7 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     assert mod.constexprs(T)["ONE_LAUNCH"] == (one_launch and T == 1)
     assert mod.TF32X2 == tf32x2
 
-    if select_sort or direct_sum:  # the other render on the same inputs: the same ids and weights, bit for bit
+    if select_sort:  # the other render on the same inputs: the same ids and weights, bit for bit
         ref_mod = load_interpreted("moe_router", plain, kdir)
         w0, i0 = torch.full_like(weights, float("nan")), torch.full_like(ids, -1)
         ref_mod.launch(x, W, bias, w0, i0, torch.full((n + 64,), float("nan")))
@@ -431,13 +428,6 @@ def test_moe_router_select_sort_interpreted(spec_name, path, T, ties, interprete
     _check(interpreted, f"router[{spec_name}-{path}-{T}+sort{'+ties' if ties else ''}]")
 
 
-@pytest.mark.parametrize("spec_name,path,T", ROUTER_DIRECT_SUM_CASES)
-def test_moe_router_direct_sum_interpreted(spec_name, path, T, interpreted):
-    """DIRECT_SUM (small path: the selection from the summed partials in registers, no read-back of the stored
-    logits): the same ids and weights as the default render, bit for bit, and the reference's selection."""
-    _check(interpreted, f"router[{spec_name}-{path}-{T}+direct]")
-
-
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_PDL_CASES)
 def test_moe_router_pdl_render_interpreted(spec_name, path, T, interpreted):
     """Both stages of a PDL render (each waits before it reads x or the scratch) run in the interpreter and match."""
@@ -471,8 +461,6 @@ def _variants() -> list[tuple[str, str, dict]]:
             for path in ("small", "large"):
                 out.append((f"moe_router[{name},{path},select,iterative]", "moe_router",
                             {**router_constants(spec, path), "SELECT_SORT": False, "_OPTS": 1}))
-            out.append((f"moe_router[{name},small,select,direct]", "moe_router",  # DIRECT_SUM (off by default)
-                        {**router_constants(spec, "small"), "DIRECT_SUM": True, "_OPTS": 1}))
         if name == "full-tp8":  # TF32X2=False (TF32X2, W split by hand, is the bf16 default): tf32x3, cvt.rna
             out.append((f"moe_router[{name},large,tf32x3]", "moe_router",
                         {**router_constants(spec, "large"), "TF32X2": False}))
@@ -529,8 +517,8 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (2 if r["router"] and not r["one_launch"] else 1), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 86
-    assert sum(r["pdl"] for r in results) == 60
+    assert len(results) == 2 * len(_variants()) == 84
+    assert sum(r["pdl"] for r in results) == 58
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
@@ -547,8 +535,6 @@ def _interpreter_cases(tiny):
                 for a, b, t in ROUTER_ONE_LAUNCH_CASES)
     yield from ((f"router[{a}-{b}-{t}+tf32x2]", lambda *x: check_router(*x, tf32x2=True), (a, b, t))
                 for a, b, t in ROUTER_TF32X2_CASES)
-    yield from ((f"router[{a}-{b}-{t}+direct]", lambda *x: check_router(*x, direct_sum=True), (a, b, t))
-                for a, b, t in ROUTER_DIRECT_SUM_CASES)
     for ties in (False, True):
         yield from ((f"router[{a}-{b}-{t}+sort{'+ties' if ties else ''}]",
                      lambda *x, ties=ties: check_router(*x, select_sort=True, ties=ties), (a, b, t))

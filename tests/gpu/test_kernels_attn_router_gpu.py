@@ -306,24 +306,6 @@ def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
     assert same and same_graph, rec
 
 
-@pytest.mark.parametrize("spec_name,T", [(s, T) for s in ("full", "odd", "tiny") for T in (1, 5, 37, 64)])
-def test_moe_router_direct_sum_bitwise(spec_name, T, kdir, summary):
-    """DIRECT_SUM (small path: the selection from the summed partials in registers, no read-back of the stored
-    logits; off by default: Triton 3.6 once miscompiled the reduced tile's layout at 1-2 warps) against the default
-    render: the same logits, ids and weights, bit for bit, eagerly and from a graph."""
-    plain = _router_constants(spec_name, "small")
-    base = _module("moe_router", plain, kdir)
-    direct = _module("moe_router", dict(plain, DIRECT_SUM=True), kdir)
-    assert direct.DIRECT_SUM and not base.DIRECT_SUM
-    x, W, bias = _router_inputs(plain, T, seed=3 * T + 1)
-    same_logits, same, same_graph, t0, t1, rows_differ = _renders_agree(base, direct, x, W, bias)
-    same = same and same_logits
-    rec = dict(case=f"direct-sum-{spec_name}-T{T}", bitwise=same, graph_bitwise=same_graph, us_default=t0,
-               us_direct=t1, rows_differ=rows_differ)
-    summary["moe_router"].append(rec)
-    assert same and same_graph, rec
-
-
 @pytest.mark.parametrize("spec_name,T", [("full", 5), ("full", 64), ("odd", 37)])
 def test_moe_router_paths_agree(spec_name, T, kdir, summary):
     """The small-M (GEMV, tree sums) and large-M (FMA chains) paths: logits within 1e-6, the same choice."""
