@@ -277,20 +277,6 @@ QKN_CASES = {
     # rendered with PDL on (the parameters and step inputs loaded before the wait; the interpreter skips the gdc)
     "qkn-paged-p4-rope-pdl": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16,
                                                       PDL=True), "rope"), [(0, [70]), (1, [2])], None, ()),
-    # WINDOW_CTA (off by default): one program per (token, KV head) over the whole window, its warps on blocks of it
-    # (windows 5 / 40 -> blocks of 16 on 1 / 4 warps), ring RoPE: gated, the TP-8 group, fp8 with scales, PDL
-    "qkn-ring-w5-rope-gate-cta": (qkn_constants(constants(**TINY, window=5, dtype="f32", cache="f32", BLOCK_N=16,
-                                                          GATE=True), "rope", WINDOW_CTA=True),
-                                  [(0, [17]), (1, [3]), (2, [0]), (3, [9])], 8, (1,)),
-    "qkn-ring-w40-g6-d24-cta": (qkn_constants(constants(hq=6, hkv=1, d=24, window=40, dtype="f32", cache="f32",
-                                                        BLOCK_N=16), "rope", WINDOW_CTA=True),
-                                [(0, [90]), (1, [20]), (2, [41]), (3, [39])], 44, (1,)),
-    "qkn-fp8-ring-rope-gate-cta": (qkn_constants(constants(hq=4, hkv=2, d=32, window=40, dtype="f32",
-                                                           cache="f8e4m3", BLOCK_N=16, GATE=True), "rope",
-                                                 WINDOW_CTA=True), [(0, [98]), (1, [7])], 43, (1,)),
-    "qkn-ring-w40-g6-d24-cta-pdl": (qkn_constants(constants(hq=6, hkv=1, d=24, window=40, dtype="f32", cache="f32",
-                                                            BLOCK_N=16, PDL=True), "rope", WINDOW_CTA=True),
-                                    [(0, [90]), (1, [0])], 44, ()),
     # and with both stages' PDL triggers after their main work (LATE_TRIGGER, LATE_TRIGGER1: the same results)
     "qkn-paged-p4-ssmax-pdl-late": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
                                                             BLOCK_N=16, PDL=True), "ssmax",
@@ -424,10 +410,6 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,late-trigger-both",  # and the merge's (LATE_TRIGGER1)
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               LATE_TRIGGER=True, LATE_TRIGGER1=True)))
-    for cache in ("bf16", "f8e4m3"):  # WINDOW_CTA (off): one program over the whole window, 8 warps on its blocks
-        out.append((f"full-tp8,sliding,{cache},gate,qkn,window-cta",
-                    qkn_constants(spec_constants(full, 8, "sliding", "bf16", cache, 16, GATE=True, BLOCK_N=32),
-                                  "rope", WINDOW_CTA=True)))
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,kv-tiles",
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               KV_TILES=True)))
@@ -463,7 +445,7 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 60
+    assert len(results) == 56
     for r in results:
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"
