@@ -96,11 +96,14 @@ def free(device) -> None:
 def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag: str, bw: float | None,
             gemm_tflops: float | None = None, profile: bool = False, copy_bw: float | None = None,
             overrides: dict | None = None, prefill: bool = True, options: dict | None = None,
-            outputs: list | None = None) -> dict:
+            outputs: list | None = None, keep: list | None = None) -> dict:
     """One package (these passes; `overrides`: template constants pinned, `beamc compile --set`; `options`: more
     `compile_package` keywords) on the shared weights: batch-1 decode at the context and, with `prefill`, the
     batch x chunk prefill after it. `outputs`: a list that receives the logits of the two decode steps before the
-    timed ones (graph replays, the same inputs for every package: compare them across packages)."""
+    timed ones (graph replays, the same inputs for every package: compare them across packages). `keep` (decode
+    only): a list that receives (model, a function replaying its timed decode step), the model kept loaded with its
+    sequence, so that the caller can time it again beside other packages (bench/variants.py --rounds)."""
+    assert keep is None or not prefill, "keep: decode only (the kept model holds its decode sequence)"
     from beamc.runtime.model import Model
 
     row: dict = {"passes": passes, **({"template_overrides": overrides} if overrides else {}),
@@ -144,7 +147,10 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
                          "library_calls_compiled": lib_static}
         if profile:  # which kernel holds the time (the fully fused row)
             row["decode"]["profile"] = profile_step(model, "decode", {"B": 1, "R": 1}, reps=3)
-        model.release("d")
+        if keep is not None:
+            keep.append((model, fm.replay(model, key, "decode", {"B": 1, "R": 1})))
+        else:
+            model.release("d")
         if bw is not None:
             nbytes = fm.decode_bytes(model, spec, a.context)
             roof_ms = nbytes["total"] / (bw * 1e12) * 1e3

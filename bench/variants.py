@@ -16,6 +16,14 @@ compared with the first default run's: bitwise equal, or the largest difference 
 work, e.g. where a kernel lets the next launch start, must give the same bits; the second default run checks that the
 comparison itself holds). Writes OUT/variants-<date>[-dry][tag].json and prints a table last (ms per decode step,
 each variant against the mean of the two default runs, and its logits against the default's).
+
+--rounds R (decode only): every package stays loaded, and after the first pass all are timed R times more in turn
+(round r starts at package r mod n, `--steps` replays each); a variant's "paired" figure is the median over the
+rounds of its ms / the default's ms in the same round, with the rounds' range, so that the GPU's drift cancels.
+Why: the s17run4 variants held a null variant (TARGET_PROGRAMS 396: at one token the same kernels as the default,
+both capped at 256 splits) that measured -1.4% against the two default runs; a single pass per package cannot
+resolve the 1-2% a launch's placement or a pipeline depth moves. The second default run is the calibration: its
+paired range is the noise left.
 """
 from __future__ import annotations
 
@@ -79,7 +87,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--prefill", action="store_true", help="also time the batch x chunk prefill of each variant")
     ap.add_argument("--tag", default="", help="appended to the output file name")
     ap.add_argument("--once", action="store_true", help="the default package once (not again at the end)")
+    ap.add_argument("--rounds", type=int, default=0, metavar="R",
+                    help="decode only: keep every package loaded and time them all R more times in turn (paired "
+                         "with the default in each round; see the module docstring)")
     a = ap.parse_args(argv)
+    if a.rounds and a.prefill:
+        raise SystemExit("--rounds times decode steps only: leave out --prefill")
     variants = [("default", {}, {})] + [parse_variant(v) for v in a.variant] + (
         [] if a.once else [("default (again)", {}, {})])
     device = fm.device_for(a)
@@ -105,13 +118,15 @@ def main(argv=None) -> dict:
     path = out / f"variants-{facts['date']}{'-dry' if a.dry else ''}{a.tag}.json"
     tmp = tempfile.TemporaryDirectory(prefix="beam-variants-")
     reference = None  # the first default run's decode logits
+    kept: list = []  # (--rounds) per variant: (model, its decode replay) or None
     for i, (label, over, options) in enumerate(variants):
         t = time.perf_counter()
         print(f"variant {label}: ...", flush=True)
         outs: list = []
+        keep: list | None = [] if a.rounds else None
         try:
             r = ablation.run_row(a, spec, list(PASSES), weights, device, Path(tmp.name), f"v{i}", bw,
-                                 overrides=over, prefill=a.prefill, options=options, outputs=outs)
+                                 overrides=over, prefill=a.prefill, options=options, outputs=outs, keep=keep)
             reference = outs if reference is None else reference
             r["decode"]["logits"] = compare_logits(outs, reference)
         except Exception as e:  # one failing variant must not lose the others' numbers
@@ -119,12 +134,48 @@ def main(argv=None) -> dict:
             r = {"error": f"{type(e).__name__}: {e}"[:2000]}
         r.update(label=label, overrides=over, options=options, s=round(time.perf_counter() - t, 1))
         facts["rows"].append(r)
+        kept.append(keep[0] if keep else None)
         path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
+    if a.rounds:
+        print(f"{a.rounds} rounds of {a.steps} steps per package ...", flush=True)
+        ms = interleaved(kept, device, a.steps, a.rounds)
+        for r, m in zip(facts["rows"], ms):
+            if "decode" in r and m[0] is not None:
+                r["decode"]["rounds_ms"] = m
+        paired(facts["rows"])
+        del kept
+        ablation.free(device)
     facts["total_s"] = round(time.perf_counter() - t0, 1)
     path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
     print(f"wrote {path}")
     print(table(facts))
     return facts
+
+
+def interleaved(kept: list, device, steps: int, rounds: int) -> list[list]:
+    """ms per decode step (the median of `steps` replays) of each kept package, `rounds` times over in turn: round r
+    starts at package r mod n, so that no package always follows the same one. None for a package not kept."""
+    n = len(kept)
+    out = [[None] * rounds for _ in range(n)]
+    for r in range(rounds):
+        for j in range(n):
+            i = (r + j) % n
+            if kept[i] is not None:
+                out[i][r] = statistics.median(fm.timed(kept[i][1], device, steps))
+    return out
+
+
+def paired(rows: list[dict]) -> None:
+    """Each row with `rounds_ms` gets `paired`: its ms / the first row's (the default) ms round by round, as the
+    median and the range over the rounds."""
+    base = rows[0].get("decode", {}).get("rounds_ms") if rows else None
+    if not base:
+        return
+    for r in rows:
+        m = r.get("decode", {}).get("rounds_ms")
+        if m:
+            q = [x / b for x, b in zip(m, base)]
+            r["decode"]["paired"] = {"median": statistics.median(q), "min": min(q), "max": max(q)}
 
 
 def compare_logits(outs: list, reference: list) -> dict:
@@ -153,8 +204,10 @@ def table(facts: dict) -> str:
     ok = [r for r in facts["rows"] if "decode" in r]
     ref = [r["decode"]["ms"] for r in ok if r["label"].startswith("default")]
     mid = statistics.mean(ref) if ref else None
-    lines = ["| variant | overrides | decode ms | vs default | prefill ms | logits vs default |",
-             "|---|---|---:|---:|---:|---|"]
+    rounds = any("paired" in r.get("decode", {}) for r in facts["rows"])
+    lines = ["| variant | overrides | decode ms | vs default | prefill ms | logits vs default |"
+             + (" paired vs default: median [range] |" if rounds else ""),
+             "|---|---|---:|---:|---:|---|" + ("---:|" if rounds else "")]
     for r in facts["rows"]:
         over = "; ".join([f"{t}.{k}={v}" for t, kv in r["overrides"].items() for k, v in kv.items()]
                          + [f"compile.{k}={v}" for k, v in r.get("options", {}).items()]) or "-"
@@ -164,9 +217,15 @@ def table(facts: dict) -> str:
         ms = r["decode"]["ms"]
         rel = f"{ms / mid - 1:+.1%}" if mid else "-"
         pre = f"{r['prefill']['ms']:.2f}" if "prefill" in r else "-"
-        lines.append(f"| {r['label']} | {over} | {ms:.3f} | {rel} | {pre} | {_logits_cell(r)} |")
+        cell = ""
+        if rounds:
+            q = r["decode"].get("paired")
+            cell = (f" {q['median'] - 1:+.2%} [{q['min'] - 1:+.2%}, {q['max'] - 1:+.2%}] |" if q else " - |")
+        lines.append(f"| {r['label']} | {over} | {ms:.3f} | {rel} | {pre} | {_logits_cell(r)} |{cell}")
     if len(ref) == 2:
-        lines.append(f"(the two default runs: {ref[0]:.3f} and {ref[1]:.3f} ms: the drift over the run)")
+        lines.append(f"(the two default runs: {ref[0]:.3f} and {ref[1]:.3f} ms: the drift over the run"
+                     + ("; paired: each round's ms over the default's in the same round, the second default run's "
+                        "range is the noise left)" if rounds else ")"))
     return "\n".join(lines)
 
 

@@ -38,6 +38,31 @@ def test_the_table_sets_each_variant_against_the_two_default_runs():
     assert "| default | - | 2.000 | +0.0% | - | - |" in t  # (rows from before the comparison: no cell)
 
 
+def test_rounds_time_every_kept_package_in_turn_and_pair_it_with_the_default():
+    """--rounds: each kept package timed once per round, round r starting at package r mod n (None: not kept);
+    the paired figure is the median and range of its ms over the default's in the same round; the table shows it."""
+    import torch
+
+    order = []
+    kept = [(None, lambda i=i: order.append(i)) for i in range(3)] + [None]
+    ms = variants.interleaved(kept, torch.device("cpu"), steps=2, rounds=3)
+    assert order == [0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 0, 0, 2, 2, 0, 0, 1, 1]
+    assert all(len(m) == 3 and all(x is not None for x in m) for m in ms[:3]) and ms[3] == [None] * 3
+    rows = [{"label": "default", "overrides": {}, "decode": {"ms": 2.0, "rounds_ms": [2.0, 2.2, 2.1]}},
+            {"label": "s0_3", "overrides": {"moe_nvfp4_decode": {"STAGES0": 3}},
+             "decode": {"ms": 1.9, "rounds_ms": [1.9, 2.2, 2.1 * 0.97]}},
+            {"label": "bad", "overrides": {}, "error": "RuntimeError: boom"},
+            {"label": "default (again)", "overrides": {}, "decode": {"ms": 2.1, "rounds_ms": [2.02, 2.2, 2.1]}}]
+    variants.paired(rows)
+    q = rows[1]["decode"]["paired"]
+    assert q["median"] == pytest.approx(0.97) and q["min"] == pytest.approx(0.95) and q["max"] == pytest.approx(1.0)
+    assert rows[0]["decode"]["paired"] == {"median": 1.0, "min": 1.0, "max": 1.0} and "paired" not in rows[2]
+    t = variants.table({"rows": rows})
+    assert "| s0_3 | moe_nvfp4_decode.STAGES0=3 | 1.900 | -7.3% | - | - | -3.00% [-5.00%, +0.00%] |" in t
+    assert "| default (again) | - | 2.100 | +2.4% | - | - | +0.00% [+0.00%, +1.00%] |" in t
+    assert "paired vs default" in t and "the noise left" in t
+
+
 def test_logits_are_compared_step_by_step_with_the_defaults():
     import torch
 
