@@ -229,6 +229,42 @@ def test_graph_decode_equals_eager_decode_bitwise(tiny_ckpt_nvfp4, pkg_bf16, sum
     assert len(a) == len(b) and all(same)
 
 
+def test_tp2_rank_graphs_equal_eager_and_the_combine_render_its_two_launches(tiny_spec, tiny_ckpt_nvfp4,
+                                                                             tmp_path_factory, summary, monkeypatch):
+    """One TP-2 rank's share on one GPU (collectives skipped, as bench/full_model.py does), where the combine_experts
+    pass applies: decode steps of 1-8 tokens run the MoE decode kernel's COMBINE render (the top-k combine in its down
+    epilogue). Through a ragged decode (min(BEAMC_RUNTIME_STEPS, 300) steps): graph replays equal eager steps bit for
+    bit, and equal a package without the COMBINE render (moe_combine_max_tokens=0: the plain render, then the
+    moe_combine kernel; the same rounding points and dot order, bitwise equal in the kernel tests)."""
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime import graphs as rt_graphs
+    from beamc.runtime.model import SKIP_COLLECTIVES_ENV
+
+    monkeypatch.setenv(SKIP_COLLECTIVES_ENV, "1")
+    monkeypatch.delitem(rt_graphs.HOST_SYNC, "all_gather", raising=False)  # the all-gather is then a copy
+    pkgs = {}
+    for name, most in (("combine", None), ("two_launches", 0)):
+        pk = compile_package(tiny_spec, tp=2, rank=0, passes=select_passes("all"), moe_combine_max_tokens=most)
+        combine = [ln.kernel.constants.get("COMBINE", False) for _, ln in pk.steps["decode"].launches
+                   if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"]
+        assert combine and any(combine) == (most is None), (name, combine)  # (T > 8: the plain render in both)
+        pkgs[name] = pk.write(tmp_path_factory.mktemp(f"pkg_tp2_{name}"))
+    kw = dict(tp=2, rank=0, max_context=128, max_prefill_tokens=64)
+    steps = min(STEPS, 300)
+    runs = {label: _ragged_run(_load(pkgs[name], tiny_ckpt_nvfp4, **kw, **extra), steps)
+            for label, name, extra in (("graphs", "combine", {}), ("eager", "combine", {"eager": True}),
+                                       ("two_launches", "two_launches", {}))}
+    same = {k: [bool(torch.equal(x, y)) for x, y in zip(runs["graphs"], runs[k])] for k in ("eager", "two_launches")}
+    summary["tp2_rank"] = {"steps": steps, "outputs": len(runs["graphs"]),
+                           **{f"bitwise_equal_{k}": sum(v) for k, v in same.items()},
+                           "max_abs_diff_two_launches": max((x - y).abs().max().item() for x, y in
+                                                            zip(runs["graphs"], runs["two_launches"]))}
+    assert all(len(r) == len(runs["graphs"]) for r in runs.values())
+    assert all(torch.isfinite(x).all() for x in runs["graphs"])
+    assert all(same["eager"]) and all(same["two_launches"]), summary["tp2_rank"]
+
+
 def test_decode_buckets_are_captured(tiny_ckpt_nvfp4, pkg_bf16, summary):
     m = _load(pkg_bf16, tiny_ckpt_nvfp4)
     summary["decode_capture"] = m.graphs.summary()
