@@ -67,6 +67,21 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _flushed_us(graph, reps: int = 30) -> float:
+    """The median us of `reps` replays of a CUDA graph, the L2 flushed (a 256 MB write) before each."""
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def _idx(kind: str, T: int, c: dict, g: torch.Generator) -> torch.Tensor:
     idx = distinct_idx(T, c["E"], c["TOP_K"], g)
     if kind == "skewed":  # every token on experts 0..7: 64 pairs per expert at T = 64
@@ -273,19 +288,7 @@ def test_moe_nvfp4_decode_combine_early1(T, relaid, kind, tmp_path_factory):
     mods[1].launch(x, idx, *params, w, direct, torch.empty_like(hs[1]))
     torch.cuda.synchronize()
     ref = combined_reference(x.float(), idx, _weights(False), w, 2.5)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    us = []
-    for gr in graphs:
-        times = []
-        for _ in range(30):
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            gr.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
-        us.append(sorted(times)[len(times) // 2])
+    us = [_flushed_us(gr) for gr in graphs]
     line = dict(T=T, relaid=relaid, routing=kind, bitwise=bool(torch.equal(eager[0], eager[1])),
                 graph_bitwise=bool(torch.equal(replayed[0], replayed[1]) and torch.equal(replayed[1], direct)),
                 rel_err=_rel(replayed[1], ref), us_default=us[0], us_early1=us[1])
@@ -339,17 +342,7 @@ def test_moe_nvfp4_decode_timing(T, relaid, tmp_path_factory):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         mod.launch(x, idx, *params, y, scratch)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    times = []
-    for _ in range(30):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    us = sorted(times)[len(times) // 2]
+    us = _flushed_us(graph)
     H, I = c["H"], c["I"]
     per_expert = 2 * I * H // 2 + 2 * I * H // 16 + H * I // 2 + H * I // 16
     n = int(torch.unique(idx).numel())
