@@ -60,6 +60,12 @@ def graph_us(fn, flush: torch.Tensor, reps: int = 30) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
+    return replay_us(g, flush, reps)
+
+
+def replay_us(g: "torch.cuda.CUDAGraph", flush: torch.Tensor, reps: int = 30) -> float:
+    """Median µs of `reps` replays of a captured graph, each after `flush.zero_()` (a write larger than the L2
+    flushes it; a small one leaves it warm)."""
     times = []
     for _ in range(reps):
         flush.zero_()

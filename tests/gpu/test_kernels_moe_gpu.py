@@ -23,7 +23,7 @@ import torch
 
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.spec import load_spec
-from conftest import captured_graph, write_gpu_summary
+from conftest import captured_graph, load_bench_module, write_gpu_summary
 from test_kernels_moe import (TEMPLATE, combine_constants, combined_reference, distinct_idx, h_reference,
                               moe_constants, nvfp4_experts, y_reference)
 
@@ -67,19 +67,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def _flushed_us(graph, reps: int = 30) -> float:
-    """The median us of `reps` replays of a CUDA graph, the L2 flushed (a 256 MB write) before each."""
+def _flushed_us(graph) -> float:
+    """The median us of 30 replays of a CUDA graph, the L2 flushed (a 256 MB write) before each
+    (bench/moe_decode.py's timing)."""
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return load_bench_module("moe_decode").replay_us(graph, flush)
 
 
 def _idx(kind: str, T: int, c: dict, g: torch.Generator) -> torch.Tensor:
