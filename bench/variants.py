@@ -17,9 +17,12 @@ work, e.g. where a kernel lets the next launch start, must give the same bits; t
 comparison itself holds). Writes OUT/variants-<date>[-dry][tag].json and prints a table last (ms per decode step,
 each variant against the mean of the two default runs, and its logits against the default's).
 
---rounds R (decode only): every package stays loaded, and after the first pass all are timed R times more in turn
-(round r starts at package r mod n, `--steps` replays each); a variant's "paired" figure is the median over the
-rounds of its ms / the default's ms in the same round, with the rounds' range, so that the GPU's drift cancels.
+--rounds R (decode only): the default package stays loaded, and each variant, right after its own pass, is timed
+R times more alternately with it (round r: the default first when r is even, the variant first when odd; `--steps`
+replays each), then unloaded; a variant's "paired" figure is the median over the rounds of its ms / the default's ms
+in the same round, with the rounds' range, so that the GPU's drift cancels. (Two packages at a time: each loaded
+package holds its own re-laid-out NVFP4 experts, ~33 GB at TP 8, so the s18run2 run that kept all six ran out of
+the H200's memory at the third.)
 Why: the s17run4 variants held a null variant (TARGET_PROGRAMS 396: at one token the same kernels as the default,
 both capped at 256 splits) that measured -1.4% against the two default runs; a single pass per package cannot
 resolve the 1-2% a launch's placement or a pipeline depth moves. The second default run is the calibration: its
@@ -118,7 +121,7 @@ def main(argv=None) -> dict:
     path = out / f"variants-{facts['date']}{'-dry' if a.dry else ''}{a.tag}.json"
     tmp = tempfile.TemporaryDirectory(prefix="beam-variants-")
     reference = None  # the first default run's decode logits
-    kept: list = []  # (--rounds) per variant: (model, its decode replay) or None
+    default_kept = None  # (--rounds) the default package: (model, its decode replay)
     for i, (label, over, options) in enumerate(variants):
         t = time.perf_counter()
         print(f"variant {label}: ...", flush=True)
@@ -132,19 +135,20 @@ def main(argv=None) -> dict:
         except Exception as e:  # one failing variant must not lose the others' numbers
             ablation.free(device)
             r = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        if keep and i == 0:
+            default_kept = keep[0]
+        elif keep and default_kept is not None:  # --rounds: this variant against the default, then unloaded
+            print(f"  {a.rounds} rounds of {a.steps} steps, alternating with the default ...", flush=True)
+            base_ms, var_ms = alternated(default_kept, keep[0], device, a.steps, a.rounds)
+            r["decode"].update(rounds_ms=var_ms, rounds_base_ms=base_ms)
+        del keep
+        ablation.free(device)
         r.update(label=label, overrides=over, options=options, s=round(time.perf_counter() - t, 1))
         facts["rows"].append(r)
-        kept.append(keep[0] if keep else None)
-        path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
-    if a.rounds:
-        print(f"{a.rounds} rounds of {a.steps} steps per package ...", flush=True)
-        ms = interleaved(kept, device, a.steps, a.rounds)
-        for r, m in zip(facts["rows"], ms):
-            if "decode" in r and m[0] is not None:
-                r["decode"]["rounds_ms"] = m
         paired(facts["rows"])
-        del kept
-        ablation.free(device)
+        path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
+    del default_kept
+    ablation.free(device)
     facts["total_s"] = round(time.perf_counter() - t0, 1)
     path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
     print(f"wrote {path}")
@@ -152,30 +156,25 @@ def main(argv=None) -> dict:
     return facts
 
 
-def interleaved(kept: list, device, steps: int, rounds: int) -> list[list]:
-    """ms per decode step (the median of `steps` replays) of each kept package, `rounds` times over in turn: round r
-    starts at package r mod n, so that no package always follows the same one. None for a package not kept."""
-    n = len(kept)
-    out = [[None] * rounds for _ in range(n)]
+def alternated(base, variant, device, steps: int, rounds: int) -> tuple[list, list]:
+    """ms per decode step (the median of `steps` replays) of two kept packages ((model, decode replay) each),
+    `rounds` times in turn: round r times the base first when r is even, the variant first when odd, so that neither
+    always follows the other. Returns (base's ms per round, variant's ms per round)."""
+    out: tuple[list, list] = ([], [])
     for r in range(rounds):
-        for j in range(n):
-            i = (r + j) % n
-            if kept[i] is not None:
-                out[i][r] = statistics.median(fm.timed(kept[i][1], device, steps))
+        for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+            out[k].append(statistics.median(fm.timed((base, variant)[k][1], device, steps)))
     return out
 
 
 def paired(rows: list[dict]) -> None:
-    """Each row with `rounds_ms` gets `paired`: its ms / the first row's (the default) ms round by round, as the
-    median and the range over the rounds."""
-    base = rows[0].get("decode", {}).get("rounds_ms") if rows else None
-    if not base:
-        return
+    """Each row with `rounds_ms` (and the default's `rounds_base_ms` of the same rounds) gets `paired`: its ms / the
+    default's ms round by round, as the median and the range over the rounds."""
     for r in rows:
-        m = r.get("decode", {}).get("rounds_ms")
-        if m:
-            q = [x / b for x, b in zip(m, base)]
-            r["decode"]["paired"] = {"median": statistics.median(q), "min": min(q), "max": max(q)}
+        d = r.get("decode", {})
+        if d.get("rounds_ms") and d.get("rounds_base_ms"):
+            q = [x / b for x, b in zip(d["rounds_ms"], d["rounds_base_ms"])]
+            d["paired"] = {"median": statistics.median(q), "min": min(q), "max": max(q)}
 
 
 def compare_logits(outs: list, reference: list) -> dict:

@@ -1,6 +1,6 @@
 """Bench tools for kernel engineers, without a GPU: bench/variants.py (template variants in the whole step: what its
 command line accepts and the table it prints; its run path is bench/ablation.py's `run_row`, exercised on the tiny
-spec by `--dry`) and bench/attention_decode.py's `--ncu-qkn` launcher."""
+spec by `--dry`), bench/attention_decode.py's `--ncu-qkn` launcher and bench/launch_floor.py's `--dry`."""
 from __future__ import annotations
 
 import pytest
@@ -38,28 +38,31 @@ def test_the_table_sets_each_variant_against_the_two_default_runs():
     assert "| default | - | 2.000 | +0.0% | - | - |" in t  # (rows from before the comparison: no cell)
 
 
-def test_rounds_time_every_kept_package_in_turn_and_pair_it_with_the_default():
-    """--rounds: each kept package timed once per round, round r starting at package r mod n (None: not kept);
-    the paired figure is the median and range of its ms over the default's in the same round; the table shows it."""
+def test_rounds_alternate_each_variant_with_the_default_and_pair_them():
+    """--rounds: a variant and the default timed once per round each, the default first in even rounds, the variant
+    first in odd ones; the paired figure is the median and range of its ms over the default's in the same round;
+    the table shows it (the default's own row has none)."""
     import torch
 
     order = []
-    kept = [(None, lambda i=i: order.append(i)) for i in range(3)] + [None]
-    ms = variants.interleaved(kept, torch.device("cpu"), steps=2, rounds=3)
-    assert order == [0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 0, 0, 2, 2, 0, 0, 1, 1]
-    assert all(len(m) == 3 and all(x is not None for x in m) for m in ms[:3]) and ms[3] == [None] * 3
-    rows = [{"label": "default", "overrides": {}, "decode": {"ms": 2.0, "rounds_ms": [2.0, 2.2, 2.1]}},
+    base, var = (None, lambda: order.append("d")), (None, lambda: order.append("v"))
+    b, v = variants.alternated(base, var, torch.device("cpu"), steps=2, rounds=3)
+    assert order == ["d", "d", "v", "v", "v", "v", "d", "d", "d", "d", "v", "v"]
+    assert len(b) == len(v) == 3
+    rows = [{"label": "default", "overrides": {}, "decode": {"ms": 2.0}},
             {"label": "s0_3", "overrides": {"moe_nvfp4_decode": {"STAGES0": 3}},
-             "decode": {"ms": 1.9, "rounds_ms": [1.9, 2.2, 2.1 * 0.97]}},
+             "decode": {"ms": 1.9, "rounds_ms": [1.9, 2.2, 2.1 * 0.97], "rounds_base_ms": [2.0, 2.2, 2.1]}},
             {"label": "bad", "overrides": {}, "error": "RuntimeError: boom"},
-            {"label": "default (again)", "overrides": {}, "decode": {"ms": 2.1, "rounds_ms": [2.02, 2.2, 2.1]}}]
+            {"label": "default (again)", "overrides": {},
+             "decode": {"ms": 2.1, "rounds_ms": [2.02, 2.2, 2.1], "rounds_base_ms": [2.0, 2.2, 2.1]}}]
     variants.paired(rows)
     q = rows[1]["decode"]["paired"]
     assert q["median"] == pytest.approx(0.97) and q["min"] == pytest.approx(0.95) and q["max"] == pytest.approx(1.0)
-    assert rows[0]["decode"]["paired"] == {"median": 1.0, "min": 1.0, "max": 1.0} and "paired" not in rows[2]
+    assert "paired" not in rows[0]["decode"] and "paired" not in rows[2]
     t = variants.table({"rows": rows})
     assert "| s0_3 | moe_nvfp4_decode.STAGES0=3 | 1.900 | -7.3% | - | - | -3.00% [-5.00%, +0.00%] |" in t
     assert "| default (again) | - | 2.100 | +2.4% | - | - | +0.00% [+0.00%, +1.00%] |" in t
+    assert "| default | - | 2.000 | -2.4% | - | - | - |" in t
     assert "paired vs default" in t and "the noise left" in t
 
 
@@ -98,3 +101,22 @@ def test_attention_bench_launches_the_steps_qkn_render_for_ncu(tmp_path):
     assert sliding["constants"]["QKN"] and sliding["constants"]["WINDOW"] == 512 and sliding["splits"] == 16
     assert sliding["constants"]["MODE"] == "rope" and sliding["constants"]["CACHE_DTYPE"] == "f8e4m3"
     assert full["constants"]["PAGED"] and full["constants"]["MODE"] == "ssmax" and full["constants"]["NUM_WARPS"] == 2
+
+
+def test_launch_floor_dry_runs_its_chains_under_the_interpreter(tmp_path):
+    """bench/launch_floor.py --dry: every row's chain of launches run once under the Triton interpreter (the
+    dependency each launch reads from the one before checked), the JSON and the table written."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench/launch_floor.py"), "--dry", "--out", str(tmp_path)],
+                       env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (out,) = tmp_path.glob("launch-floor-*-dry.json")
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 10 and {x["programs"] for x in rows} == {1, 132, 264, 528}
+    assert "| 528 x 4 warps, PDL last |" in r.stdout

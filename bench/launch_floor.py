@@ -1,0 +1,139 @@
+"""The floor of a launch in the decode step's chain: what one kernel costs in a CUDA graph of PDL launches when it does
+(almost) nothing, by grid size, warps and where it triggers. Issue 10's decode step is ~520 launches of ~10 kinds per
+layer; this says how much of the step a launch costs before its body does any work, i.e. whether fewer launches
+(fusion, a persistent kernel) or shorter bodies are the lever.
+
+    python bench/launch_floor.py --out $OUT            # on the GPU: a table last, launch-floor-<date>.json in OUT
+    TRITON_INTERPRET=1 python bench/launch_floor.py --dry   # the kernels' logic on the CPU (no timing meaning)
+
+Each row: L launches of `_tick` captured in one CUDA graph (each program reads one int32 the launch before wrote and
+writes it + 1: a real dependency, checked after the replays), replayed; us per launch = the replay's time / L. Rows:
+- no PDL: the next launch starts once the previous grid has completed (a plain stream order);
+- PDL, trigger first: each program lets the next launch be scheduled at once, then waits (griddepcontrol.wait) for
+  the previous grid before its load (the step's kernels without LATE_TRIGGER);
+- PDL, trigger last: the trigger after the store (LATE_TRIGGER's place);
+- grids of 1, 132, 264 and 528 programs of 4 warps, and 1 program of 16 warps (the boundary's shape at one token);
+- "chain of loads": the same with each program also reading BYTES of a buffer no kernel writes before its wait
+  (weights prefetched into registers, as the GEMVs do), to see what a real body's pre-wait loads cost.
+The copy bandwidth of the same run is recorded beside it (the GPU is shared: ratios hold, absolute times drift).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes", "y")
+LAUNCHES = 400  # launches per graph
+
+
+@triton.jit
+def _tick(src_ptr, dst_ptr, w_ptr, W_ELEMS: tl.constexpr, PDL: tl.constexpr, LATE: tl.constexpr,
+          INTERPRET: tl.constexpr):
+    """dst[pid] = src[pid] + 1 (+ 0 * the sum of W_ELEMS fp32 of w read before the wait)."""
+    pid = tl.program_id(0)
+    if PDL and not LATE and not INTERPRET:
+        tl.extra.cuda.gdc_launch_dependents()  # the next launch may be scheduled now
+    if W_ELEMS > 0:  # a parameter no launch writes: read before the wait, as the GEMVs read their weights
+        offs = pid * W_ELEMS + tl.arange(0, W_ELEMS)
+        keep = (tl.sum(tl.load(w_ptr + offs), axis=0) * 0.0).to(tl.int32)  # 0, but the loads must complete
+    else:
+        keep = 0
+    if PDL and not INTERPRET:
+        tl.extra.cuda.gdc_wait()  # the previous grid has completed and its writes are visible
+    v = tl.load(src_ptr + pid)
+    tl.store(dst_ptr + pid, v + 1 + keep)
+    if PDL and LATE and not INTERPRET:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+ROWS = [  # (label, programs, warps, pdl, late trigger, fp32 elements read before the wait per program)
+    ("1 x 4 warps, no PDL", 1, 4, False, False, 0),
+    ("1 x 4 warps, PDL first", 1, 4, True, False, 0),
+    ("1 x 4 warps, PDL last", 1, 4, True, True, 0),
+    ("1 x 16 warps, PDL first", 1, 16, True, False, 0),
+    ("132 x 4 warps, no PDL", 132, 4, False, False, 0),
+    ("132 x 4 warps, PDL first", 132, 4, True, False, 0),
+    ("264 x 4 warps, PDL first", 264, 4, True, False, 0),
+    ("528 x 4 warps, PDL first", 528, 4, True, False, 0),
+    ("528 x 4 warps, PDL last", 528, 4, True, True, 0),
+    ("264 x 4 warps, PDL first, 16 KB pre-wait", 264, 4, True, False, 4096),
+]
+
+
+def run_row(programs: int, warps: int, pdl: bool, late: bool, w_elems: int, device: str, dry: bool) -> float:
+    """us per launch of a LAUNCHES-long chain in one CUDA graph (dry: the chain run once, eagerly, 4 launches)."""
+    n = 4 if dry else LAUNCHES
+    a = torch.randint(0, 1000, (programs,), dtype=torch.int32, device=device)
+    b = torch.full_like(a, -7)
+    w = torch.randn(max(1, programs * w_elems), device=device)
+    start = a.clone()
+
+    def chain():
+        for i in range(n):
+            src, dst = (a, b) if i % 2 == 0 else (b, a)
+            _tick[(programs,)](src, dst, w, W_ELEMS=w_elems, PDL=pdl, LATE=late, INTERPRET=INTERPRET,
+                               num_warps=warps, **({} if INTERPRET else {"launch_pdl": pdl}))
+
+    if dry:
+        chain()
+        assert torch.equal(a, start + n), "the chain's dependency did not hold"
+        return 0.0
+    from kernels import graph_time  # bench/kernels.py: reps calls in one graph, median of replays
+
+    chain()
+    torch.cuda.synchronize()
+    assert torch.equal(a, start + n), "the chain's dependency did not hold (eager)"
+    t = graph_time(chain, 1, iters=11)
+    # every replay adds n: after the warm-up calls and the replays, a - start is a multiple of n
+    torch.cuda.synchronize()
+    assert int(((a - start) % n).abs().max()) == 0 and bool((a == a[0] - start[0] + start).all()), \
+        "the chain's dependency did not hold (graph)"
+    return t / n * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="write launch-floor-<date>[tag].json here")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--dry", action="store_true", help="CPU, Triton interpreter: the logic only")
+    a = ap.parse_args()
+    device = "cpu" if a.dry else "cuda"
+    if a.dry and not INTERPRET:
+        raise SystemExit("--dry runs under the Triton interpreter: set TRITON_INTERPRET=1")
+    import kernels
+
+    kernels.DEVICE = device
+    bw = kernels.copy_bandwidth()
+    rows = []
+    for label, programs, warps, pdl, late, w_elems in ROWS:
+        us = run_row(programs, warps, pdl, late, w_elems, device, a.dry)
+        rows.append(dict(label=label, programs=programs, warps=warps, pdl=pdl, late_trigger=late,
+                         prewait_bytes=4 * w_elems, us_per_launch=us))
+    date = datetime.date.today().isoformat()
+    doc = dict(date=date, device=torch.cuda.get_device_name() if device == "cuda" else "cpu (dry)",
+               command="python bench/launch_floor.py " + " ".join(sys.argv[1:]), launches_per_graph=LAUNCHES,
+               copy_tb_s=bw, rows=rows)
+    if a.out:
+        p = Path(a.out) / f"launch-floor-{date}{'-dry' if a.dry else ''}{a.tag}.json"
+        p.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {p}")
+    print(f"launch floor: {LAUNCHES} launches per CUDA graph, copy {bw:.2f} TB/s")
+    print("| launch | us per launch |\n|---|---:|")
+    for r in rows:
+        print(f"| {r['label']} | {r['us_per_launch']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
