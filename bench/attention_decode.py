@@ -48,9 +48,16 @@ CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERG
            ("w1/bn64", dict(NUM_WARPS=1, BLOCK_N=64, MERGE_D=16)),
            ("w1/bn32/no-prefetch", dict(NUM_WARPS=1, BLOCK_N=32, PREFETCH=False, MERGE_D=16)),
            ("w2/bn32", dict(NUM_WARPS=2, BLOCK_N=32)), ("w2/bn64", dict(NUM_WARPS=2, BLOCK_N=64)),
-           ("w2/bn128/no-prefetch", dict(NUM_WARPS=2, BLOCK_N=128, PREFETCH=False)))
+           ("w2/bn128/no-prefetch", dict(NUM_WARPS=2, BLOCK_N=128, PREFETCH=False)),
+           # more warps per SM: the loop is latency-bound at 2 programs (8 warps) per SM, held there by registers
+           # (the TP-8 QKN full render with Triton 3.6 for sm_90a: 234 registers at the default; bn32 156 -> 3
+           # programs per SM; w8/bn32 94 and w8/bn16 102 -> 2 programs of 8 warps; bn16 128 -> 4 programs of 4)
+           ("w8/bn32", dict(NUM_WARPS=8, BLOCK_N=32)), ("w8/bn16", dict(NUM_WARPS=8, BLOCK_N=16)),
+           ("bn16", dict(BLOCK_N=16)), ("w8/bn64", dict(NUM_WARPS=8)))
+# (s18run1: every one of those four slower than the default at 100K (25.8-35.0 us against 23.0 at their best splits):
+# more warps per SM do not shorten this loop)
 # --configs picks some by label (the default always runs)
-FULL_SPLITS = (128, 256, 512, 1024)
+FULL_SPLITS = (128, 256, 396, 512, 528, 1024)  # (396 / 528: 3 / 4 programs on each of 132 SMs)
 SLIDING_SPLITS = (4, 8, 16)
 
 
