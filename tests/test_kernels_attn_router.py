@@ -347,7 +347,7 @@ ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "larg
 
 
 def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False,
-                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False) -> dict:
+                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False, w_split: bool = False) -> dict:
     dtype = "bf16" if tf32x2 else "f32"  # (TF32X2 is the 16-bit-x render; the interpreter's dot is fp32 either way)
     c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
     if tf32x2:
@@ -358,6 +358,9 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
         c["PDL"] = True
     if one_launch:
         c["ONE_LAUNCH"] = True
+    per_tile = dict(c)  # (w_split: the render splitting W per tile, compared bit for bit)
+    if w_split:
+        c["W_SPLIT"] = True
     plain = dict(c, SELECT_SORT=False)  # the iterative render (select_sort: compared bit for bit)
     if select_sort:
         c["SELECT_SORT"] = True  # (the default; explicit here)
@@ -379,7 +382,13 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
     assert int(mod.counters("cpu").abs().sum()) == 0, "the counter is not back at 0"
     assert mod.constexprs(T)["ONE_LAUNCH"] == (one_launch and T == 1)
-    assert mod.TF32X2 == tf32x2
+    assert mod.TF32X2 == tf32x2 and mod.W_SPLIT == w_split
+    if w_split:  # W split once into the scratch: the per-tile split's operands, so the same logits, ids and weights
+        tile_mod = load_interpreted("moe_router", per_tile, kdir)
+        w0, i0, s0 = torch.full_like(weights, float("nan")), torch.full_like(ids, -1), torch.full((n + 64,), float("nan"))
+        tile_mod.launch(x, W, bias, w0, i0, s0)
+        assert torch.equal(mod.logits(scratch, T).view(torch.int32), tile_mod.logits(s0, T).view(torch.int32))
+        assert torch.equal(ids, i0) and torch.equal(weights.view(torch.int32), w0.view(torch.int32))
 
     if select_sort:  # the other render on the same inputs: the same ids and weights, bit for bit
         ref_mod = load_interpreted("moe_router", plain, kdir)
@@ -410,6 +419,13 @@ def test_moe_router_matches_reference(spec_name, path, T, interpreted):
 def test_moe_router_one_launch_interpreted(spec_name, path, T, interpreted):
     """The one-launch option at T = 1 (the last program to finish selects; its counter back at 0) matches."""
     _check(interpreted, f"router[{spec_name}-{path}-{T}+one]")
+
+
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_TF32X2_CASES)
+def test_moe_router_w_split_interpreted(spec_name, path, T, interpreted):
+    """W_SPLIT (TF32X2 with W's head and rest split once per launch into the scratch, by a first launch): the logits,
+    ids and weights of the per-tile split bit for bit, and the reference's (the checks of every case)."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+wsplit]")
 
 
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_TF32X2_CASES)
@@ -464,6 +480,8 @@ def _variants() -> list[tuple[str, str, dict]]:
         if name == "full-tp8":  # TF32X2=False (TF32X2, W split by hand, is the bf16 default): tf32x3, cvt.rna
             out.append((f"moe_router[{name},large,tf32x3]", "moe_router",
                         {**router_constants(spec, "large"), "TF32X2": False}))
+            out.append((f"moe_router[{name},large,w-split]", "moe_router",  # W split once, by a first launch
+                        {**router_constants(spec, "large"), "W_SPLIT": True}))
     return out
 
 
@@ -485,6 +503,7 @@ def _compile(args) -> dict:
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
                 router=template == "moe_router", router_path=constants.get("PATH"),
                 tf32_split=ptx.count("cvt.rna.tf32.f32"), tf32x2=bool(getattr(mod, "TF32X2", False)),
+                w_split=bool(getattr(mod, "W_SPLIT", False)),
                 pdl=constants.get("PDL", True), options=options,
                 launch_pdl=bool(ck.metadata.launch_pdl), one_launch=T == 1,
                 atomic=bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)), fence="fence.acq_rel.gpu" in ptx,
@@ -515,10 +534,10 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["atomic"] == r["fence"] == r["one_launch"], r
         if r["pdl"]:
             # the router: one wait per stage's branch (the one-launch router: one)
-            assert r["waits"] == (2 if r["router"] and not r["one_launch"] else 1), r
+            assert r["waits"] == (1 if not r["router"] or r["one_launch"] else 3 if r["w_split"] else 2), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 84
-    assert sum(r["pdl"] for r in results) == 58
+    assert len(results) == 2 * len(_variants()) == 86
+    assert sum(r["pdl"] for r in results) == 60
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
@@ -534,6 +553,8 @@ def _interpreter_cases(tiny):
     yield from ((f"router[{a}-{b}-{t}+one]", lambda *x: check_router(*x, one_launch=True), (a, b, t))
                 for a, b, t in ROUTER_ONE_LAUNCH_CASES)
     yield from ((f"router[{a}-{b}-{t}+tf32x2]", lambda *x: check_router(*x, tf32x2=True), (a, b, t))
+                for a, b, t in ROUTER_TF32X2_CASES)
+    yield from ((f"router[{a}-{b}-{t}+wsplit]", lambda *x: check_router(*x, tf32x2=True, w_split=True), (a, b, t))
                 for a, b, t in ROUTER_TF32X2_CASES)
     for ties in (False, True):
         yield from ((f"router[{a}-{b}-{t}+sort{'+ties' if ties else ''}]",

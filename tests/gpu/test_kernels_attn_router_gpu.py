@@ -306,6 +306,25 @@ def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
     assert same and same_graph, rec
 
 
+@pytest.mark.parametrize("spec_name,T", [("full", 70), ("full", 4096), ("full", 16384), ("odd", 70), ("odd", 1000)])
+def test_moe_router_w_split(spec_name, T, kdir, summary):
+    """W_SPLIT (the large path's TF32X2 with W's TF32 head and rest split once per launch into the scratch, by a first
+    launch) against the per-tile split on the same inputs: the same logits, ids and weights bit for bit (the same
+    operand values in the same MMAs), eagerly and replayed from a CUDA graph, outputs poisoned first; both timed."""
+    plain = _router_constants(spec_name, "large")
+    base = _module("moe_router", plain, kdir)
+    split = _module("moe_router", dict(plain, W_SPLIT=True), kdir)
+    assert split.W_SPLIT and not base.W_SPLIT and base.TF32X2
+    x, W, bias = _router_inputs(plain, T, seed=T + 11)
+    same_logits, same, same_graph, t0, t1, rows_differ = _renders_agree(base, split, x, W, bias)
+    rec = dict(case=f"w-split-{spec_name}-T{T}", logits_bitwise=same_logits, bitwise=same, graph_bitwise=same_graph,
+               us_per_tile=t0, us_w_split=t1, rows_differ=rows_differ)
+    summary["moe_router"].append(rec)
+    print(f"router w-split {spec_name} T{T}: logits bitwise {same_logits}, ids/weights {same} (graph {same_graph}), "
+          f"{t0 and round(t0, 2)} -> {t1 and round(t1, 2)} us")
+    assert same_logits and same and same_graph, rec
+
+
 @pytest.mark.parametrize("spec_name,T", [("full", 5), ("full", 64), ("odd", 37)])
 def test_moe_router_paths_agree(spec_name, T, kdir, summary):
     """The small-M (GEMV, tree sums) and large-M (FMA chains) paths: logits within 1e-6, the same choice."""
