@@ -145,7 +145,7 @@ def main(argv=None) -> dict:
         ablation.free(device)
         r.update(label=label, overrides=over, options=options, s=round(time.perf_counter() - t, 1))
         facts["rows"].append(r)
-        paired(facts["rows"])
+        paired([r])
         path.write_text(json.dumps(facts, indent=1, default=str) + "\n")
     del default_kept
     ablation.free(device)
