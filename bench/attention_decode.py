@@ -53,7 +53,12 @@ CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERG
            # (the TP-8 QKN full render with Triton 3.6 for sm_90a: 234 registers at the default; bn32 156 -> 3
            # programs per SM; w8/bn32 94 and w8/bn16 102 -> 2 programs of 8 warps; bn16 128 -> 4 programs of 4)
            ("w8/bn32", dict(NUM_WARPS=8, BLOCK_N=32)), ("w8/bn16", dict(NUM_WARPS=8, BLOCK_N=16)),
-           ("bn16", dict(BLOCK_N=16)), ("w8/bn64", dict(NUM_WARPS=8)))
+           ("bn16", dict(BLOCK_N=16)), ("w8/bn64", dict(NUM_WARPS=8)),
+           # fp8 caches: the MMAs on fp16 operands (e4m3 -> fp16 is one packed instruction; -> bf16 adds a per-value
+           # F2F on the MIO pipe: 128 of the full layer's ~900 SASS per block and thread, s19run1's ncu); and the
+           # merge of up to 256 splits in one step (stage 1: one round of loads instead of two at 100K)
+           ("f16", dict(F16_DOT=True)), ("mc256", dict(MERGE_CHUNK=256)), ("f16/mc256", dict(F16_DOT=True, MERGE_CHUNK=256)),
+           ("f16/bn32", dict(F16_DOT=True, BLOCK_N=32)))
 # (s18run1: every one of those four slower than the default at 100K (25.8-35.0 us against 23.0 at their best splits):
 # more warps per SM do not shorten this loop)
 # --configs picks some by label (the default always runs)

@@ -5,6 +5,7 @@ the logits against an fp64 product (max |d| / max |ref| < 1e-6) and the expert i
 fraction equal: sums in another order may flip a near-tie).
 
     python bench/router_prefill.py --out $OUT [--tokens 16384]
+    ncu ... python bench/router_prefill.py --ncu [--tokens 16384]   # the default's two launches 3 times, no timing
 """
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def main() -> int:
     x = torch.randn(T, c["H"], device="cuda", generator=g).to(torch.bfloat16)
     W = torch.randn(c["E"], c["H"], device="cuda", generator=g) * 0.02
     bias = torch.randn(c["E"], device="cuda", generator=g) * 0.01
+    if "--ncu" in args:  # for a counter profiler: the default render's two launches, 3 times, nothing else
+        mod = load_kernel(KernelSpec("moe_router", "moe_router", c), kdir)
+        w = torch.empty((T, c["TOP_K"]), device="cuda")
+        ids = torch.empty((T, c["TOP_K"]), dtype=torch.int64, device="cuda")
+        scratch = torch.empty(mod.scratch_numel(T), device="cuda")
+        for _ in range(3):
+            mod.launch(x, W, bias, w, ids, scratch)
+        torch.cuda.synchronize()
+        return 0
     exact = x.double() @ W.double().T
     torch.backends.cuda.matmul.allow_tf32 = False
     xf = x.float()

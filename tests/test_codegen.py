@@ -275,6 +275,31 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
     assert compile_package(parse_spec(data), passes=ALL, phases=("prefill",)).attention_mirror_pages == 0
 
 
+def test_fp8_cache_attention_kernels_multiply_in_fp16():
+    """F16_DOT (`emitters.attention_dot`): over an fp8 cache every decode attention kernel and the unmirrored prefill
+    ones take fp16 MMA operands (the mirrored prefill reads bf16 mirrors: not there); over a bf16 cache none; `--set
+    attention_decode.F16_DOT=false` turns it off in the decode kernels only."""
+    from beamc.spec import parse_spec
+
+    data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"
+    spec = parse_spec(data)
+
+    def attn(pkg):
+        return [k for k in pkg.kernels.values() if k.template in ("attention_decode", "attention_prefill")]
+
+    plain = attn(compile_package(spec, passes=ALL, attention_mirror_pages=0))
+    assert plain and all(k.constants.get("F16_DOT") is True for k in plain)
+    mirrored = attn(compile_package(spec, passes=ALL))
+    assert any(k.constants.get("MIRROR") for k in mirrored)
+    assert all(bool(k.constants.get("F16_DOT")) is not bool(k.constants.get("MIRROR")) for k in mirrored)
+    off = attn(compile_package(spec, passes=ALL, attention_mirror_pages=0,
+                               template_overrides={"attention_decode": {"F16_DOT": False}}))
+    assert all(k.constants["F16_DOT"] is (k.template == "attention_prefill") for k in off)
+    data["dtypes"]["kv_cache"] = "bfloat16"
+    assert not any("F16_DOT" in k.constants for k in attn(compile_package(parse_spec(data), passes=ALL)))
+
+
 def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
     """`moe_combine_max_tokens` (`beamc compile --moe-combine-max-tokens N`): at TP 2, steps of up to N tokens take the
     MoE decode kernel's COMBINE render and no moe_combine launch, larger steps the experts then moe_combine; 0 the

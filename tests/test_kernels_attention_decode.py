@@ -410,6 +410,9 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,late-trigger-both",  # and the merge's (LATE_TRIGGER1)
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               LATE_TRIGGER=True, LATE_TRIGGER1=True)))
+    out.append(("full-tp8,full,f8e4m3,gate,qkn,f16-dot",  # F16_DOT: the MMAs on fp16 operands
+                qkn_constants(spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, GATE=True), "ssmax",
+                              F16_DOT=True)))
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,kv-tiles",
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               KV_TILES=True)))
@@ -432,7 +435,8 @@ def _compile(args) -> dict:
                 target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
                 fp8=c["CACHE_DTYPE"] == "f8e4m3", qkn=bool(c.get("QKN")), pdl=mod.PDL, early=mod.EARLY_KV,
                 late=mod.LATE_TRIGGER or mod.LATE_TRIGGER1, late_both=mod.LATE_TRIGGER and mod.LATE_TRIGGER1,
-                launch_pdl=bool(ck.metadata.launch_pdl),
+                launch_pdl=bool(ck.metadata.launch_pdl), f16_dot=mod.F16_DOT,
+                mma_dtypes=sorted(set(re.findall(r"mma\.sync\.aligned\.\w+\.row\.col\.f32\.(\w+)\.\w+\.f32", ptx))),
                 **pdl_facts(ptx))
 
 
@@ -445,8 +449,10 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 56
+    assert len(results) == 58
     for r in results:
+        if r["arch"] == 90 and r["fp8"]:  # the fp8 renders' MMA operands: bf16, or fp16 with F16_DOT
+            assert r["mma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r
         assert r["mma"], f"{r['label']}: no tensor-core products"
         assert r["launch_pdl"] == r["pdl"], r

@@ -228,7 +228,10 @@ def _jobs() -> list[tuple[str, dict, int]]:
                 ("full-tp8,full,bf16", spec_constants(full, 8, "full", page=16)),
                 ("full-tp8,full,f8e4m3", spec_constants(full, 8, "full", "f8e4m3", page=16)),
                 ("tiny,full", spec_constants(tiny, 1, "full", page=4)),
-                ("full-tp8,full,f8e4m3,gate", dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True))]
+                ("full-tp8,full,f8e4m3,gate", dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True)),
+                # F16_DOT: q, K, V and p as fp16 MMA operands
+                ("full-tp8,full,f8e4m3,gate,f16-dot", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
+                                                           GATE=True, F16_DOT=True))]
     # the MIRROR render (sm_90a): its three binaries (_OPTION: the index in LAUNCH_OPTIONS: the attention, the plan,
     # the copy)
     mirror = [(f"full-tp8,full,f8e4m3,gate,mirror,o{i}", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
@@ -253,7 +256,9 @@ def _compile(args) -> dict:
                 mma=bool(re.search(r"\b(wgmma|mma|tcgen05\.mma)\b", ptx)), target=f".target sm_{arch}a" in ptx,
                 div_rn="div.rn.f32" in ptx, div_approx=bool(re.search(r"div\.(full|approx)", ptx)),
                 pdl=c.get("PDL", True), launch_pdl=bool(ck.metadata.launch_pdl), options=options,
-                stage=options.get("constexprs", {}).get("ONLY", 2), **pdl_facts(ptx))
+                stage=options.get("constexprs", {}).get("ONLY", 2), f16_dot=mod.F16_DOT,
+                wgmma_dtypes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.f32\.(\w+)\.", ptx))),
+                **pdl_facts(ptx))
 
 
 def test_aot_compile_every_variant(tmp_path):
@@ -276,7 +281,9 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, True, r["label"])
         assert r["waits"] == 1, r
-    assert len(results) == 15
+        if r["arch"] == 90 and r["stage"] == 2 and "f8e4m3" in r["label"]:  # wgmma operands: fp16 only with F16_DOT
+            assert r["wgmma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
+    assert len(results) == 17
 
 
 # ---------------------------------------------------------------- 3. the contract

@@ -628,3 +628,24 @@ def test_load_rebuilds_packages_with_overrides_and_either_prefill_gate(tiny_spec
     (current / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(BeamcError, match=r"manifest.json: template_overrides attention_decode.HEAD_DIM: set by the"):
         Model.load(current, tiny_ckpt_nvfp4, device="cpu")
+
+
+def test_fp16_attention_operands_are_checked_against_the_q_norms():
+    """A package whose attention kernels multiply in fp16 (F16_DOT: fp8 caches) refuses, at load, q norms that would
+    let q leave fp16's range (|q| <= sqrt(head_dim) * max |w| * the SSMax scale), naming the param and the fix;
+    ordinary weights pass, and without F16_DOT nothing is checked."""
+    from types import SimpleNamespace
+
+    from beamc.runtime.model import Model
+    from beamc.spec import load_spec
+
+    m = Model.__new__(Model)
+    m.spec = load_spec(ROOT / "models/beam.yaml")
+    m.step_module = SimpleNamespace(K={"qkn": SimpleNamespace(F16_DOT=True), "gemv": SimpleNamespace()})
+    name = "model.layers.5.self_attn.q_norm.weight"
+    m._check_f16_dot({name: torch.full((128,), 3.0), "model.norm.weight": torch.full((8,), 1e6)})
+    big = {name: torch.cat([torch.ones(127), torch.tensor([5000.0])])}  # 5000 * sqrt(128) * 1.17 > 65504
+    with pytest.raises(BeamcError, match=r"q_norm.weight.*fp16.*F16_DOT=false"):
+        m._check_f16_dot(big)
+    m.step_module = SimpleNamespace(K={"qkn": SimpleNamespace(F16_DOT=False)})
+    m._check_f16_dot(big)

@@ -353,6 +353,14 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [fused] + rest + [combine]
 
 
+def attention_dot(cache_dtype: str, dtype: str) -> dict:
+    """The attention templates' MMA operand type over an fp8 cache: fp16 (F16_DOT; e4m3 -> fp16 is exact and one
+    packed instruction, -> bf16 one more per value: the H200, s19run2, decode fp8 100K 22.9 -> 18.2 us, 32K 10.7 ->
+    8.9, sliding 4.41 -> 4.21; prefill without the mirror 23.5 -> 18.8 ms). The runtime checks at load that the
+    q norms keep q inside fp16's range (`Model._check_f16_dot`)."""
+    return {"F16_DOT": True} if cache_dtype == "f8e4m3" and dtype == "bf16" else {}
+
+
 def attention_decode_tiles(window: int) -> dict:
     """The decode attention template's tile constants for a layer: over a window, blocks of 32 keys (16 splits of a
     512 window; the H200 sweeps of 2026-12-01, bench/results/attention-decode-sweep-2026-12-01-s5run{1,4}.json:
@@ -382,6 +390,8 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     tiles = attention_decode_tiles(a["window"] or 0) if template == "attention_decode" else {}
     if template == "attention_prefill" and paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0:
         tiles = dict(MIRROR=True, MIRROR_PAGES=ctx.attention_mirror_pages)  # (--attention-mirror PAGES)
+    else:
+        tiles.update(attention_dot(kc.dtype, ctx.dtype))
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
                    WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
                    GATE=node.op == "attention_gate", **tiles)]
@@ -400,7 +410,7 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         return [kernel(node, "attention_decode", ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2],
                        HEAD_DIM=q.shape[2], WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged,
                        PAGE_SIZE=kc.shape[1] if paged else 0, GATE=a["gate"], QKN=True, **_qk_constants(a),
-                       **attention_decode_tiles(a["window"] or 0))]
+                       **attention_decode_tiles(a["window"] or 0), **attention_dot(kc.dtype, ctx.dtype))]
     s = "scratch:qk_q"
     qn = Value("q_normed", tuple(q.shape), q.dtype)
     qk_ins, rest = qk_attention_parts(node.inputs, a["gate"])

@@ -504,7 +504,33 @@ class Model:
                 bind_check(node.out, t, {}, f"param {name}")
                 out[name] = t.contiguous()
         self._relayout_experts(out, owned)
+        self._check_f16_dot(out)
         return out  # the unpacked parts of packed params are dropped: no step reads them
+
+    def _check_f16_dot(self, out: dict[str, torch.Tensor]) -> None:
+        """The attention kernels over an fp8 cache multiply in fp16 (F16_DOT, `emitters.attention_dot`): q's bf16
+        values must stay inside fp16's range. After the per-head RMS norm |q| <= sqrt(head_dim) * max |w + offset|
+        (times the SSMax scale on full layers): checked here once, against the loaded q norms, so that an outlying
+        checkpoint gets an error naming the fix instead of inf scores."""
+        mods = getattr(self.step_module, "K", {})
+        if not any(getattr(m, "F16_DOT", False) for m in mods.values()):
+            return
+        a = self.spec.attention
+        mul = 1.0
+        if a.full.q_scale is not None:
+            qs = a.full.q_scale
+            ends = [(1 + (p + qs.offset) / qs.length) for p in (0, self.spec.max_position_embeddings - 1)]
+            mul = max([1.0] + [e ** qs.exponent for e in ends if e > 0])
+        for name, w in out.items():
+            if not name.endswith("q_norm.weight"):
+                continue
+            bound = float((w.float() + a.qk_norm.offset).abs().max()) * a.head_dim ** 0.5 * mul
+            if not bound < 65504.0:
+                raise BeamcError(f"param {name}",
+                                 f"max |w| lets q reach {bound:.4g}, beyond fp16's 65504: the fp8-cache attention "
+                                 "kernels multiply q in fp16 (F16_DOT)",
+                                 "compile the package with --set attention_decode.F16_DOT=false --set "
+                                 "attention_prefill.F16_DOT=false (bf16 operands)")
 
     def _relayout_experts(self, out: dict[str, torch.Tensor], owned: list[dict[str, torch.Tensor]]) -> None:
         """The manifest's load_transforms: each MoE layer's six NVFP4 expert params in `out` replaced by their

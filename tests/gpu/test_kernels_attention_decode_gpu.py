@@ -108,6 +108,29 @@ def test_matches_fp32_reference(kind, ctx, chunk, cache, kdir, summary):
         assert err < 1e-2, (kind, ctx, chunk, cache, used, err)
 
 
+@pytest.mark.parametrize("kind,ctx,chunk", [c for c in CASES if c[2] == 16 or len(c[1]) > 1 or c[1][0] >= 4096])
+def test_f16_dot_matches_fp32_reference(kind, ctx, chunk, kdir, summary):
+    """F16_DOT (fp8 caches: q, K, V and p as fp16 MMA operands) against the fp32 reference (< 1e-2), beside the
+    default bf16 render's error on the same inputs, at the default split count and 64 / 3 splits."""
+    c = _constants(kind, "f8e4m3")
+    mod, f16 = _module(c, kdir), _module(dict(c, F16_DOT=True), kdir)
+    assert f16.F16_DOT and not mod.F16_DOT
+    case = _inputs(c, ctx, chunk, seed=sum(ctx) + chunk + 1)
+    want = _reference(c, case)
+    for splits in (None, 64 if max(ctx) > 4096 else 3):
+        errs = []
+        for m in (mod, f16):
+            out = torch.full_like(case["args"][0], float("nan"))
+            m.launch(*case["args"], out, splits=splits)
+            torch.cuda.synchronize()
+            assert not out.isnan().any(), (kind, ctx, chunk, splits, m.F16_DOT)
+            errs.append(_norm_rel(out, want))
+        print(f"attention {kind} ctx={ctx} x{chunk} fp8 splits={splits}: rel err bf16 {errs[0]:.3e}, f16 {errs[1]:.3e}")
+        summary.setdefault("f16_dot", []).append(dict(kind=kind, ctx=ctx, chunk=chunk, splits=splits,
+                                                      rel_err_bf16=errs[0], rel_err_f16=errs[1]))
+        assert errs[1] < 1e-2, (kind, ctx, chunk, splits, errs)
+
+
 @pytest.mark.parametrize("kind,cache,ctx,chunk", [("full", "f8e4m3", [100_003], 1), ("sliding", "bf16", [4096], 1),
                                                   ("full", "bf16", [40, 3000, 70_000], 16)])
 def test_cuda_graph_replay(kind, cache, ctx, chunk, kdir, summary):
@@ -324,6 +347,23 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     rec = dict(kind=kind, ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, row_err=row_err,
                same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager), early_kv_bitwise=early_same,
                late_trigger_bitwise=trig_same)
+    if cache == "f8e4m3":
+        # F16_DOT (the MMAs on fp16 operands): the same cache writes, the output within the rule of the fp32
+        # reference (p rounded to fp16, not bf16: another rounding), a graph replay equal to an eager launch
+        f16, one_f16, f16_out, _ = other_render(F16_DOT=True)
+        assert f16.F16_DOT and not qkn.F16_DOT
+        f16_graph = captured_graph(one_f16)
+        f16_out.fill_(float("nan"))
+        f16_graph.replay()
+        torch.cuda.synchronize()
+        graphed = f16_out.clone()
+        f16_out.fill_(float("nan"))
+        one_f16()
+        torch.cuda.synchronize()
+        rec.update(f16_rel_err=_norm_rel(f16_out, want), f16_vs_default=_norm_rel(f16_out, eager),
+                   f16_graph_bitwise=torch.equal(graphed, f16_out))
+        if len(ctx) == 1:
+            rec.update(us_qkn_f16=_graph_us(one_f16))
     if len(ctx) == 1:
         rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one), us_qkn_late_kv=_graph_us(one_late))
     print(f"qkn {kind} {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items()
@@ -331,3 +371,4 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     summary.setdefault("qkn", []).append(rec)
     assert err < 1e-2 and err_two < 1e-2 and row_err < 1e-2 and same_bytes > 0.9 and early_same and trig_same, rec
     assert rec["graph_bitwise"], rec
+    assert cache != "f8e4m3" or (rec["f16_rel_err"] < 1e-2 and rec["f16_graph_bitwise"]), rec

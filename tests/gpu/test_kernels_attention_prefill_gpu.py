@@ -86,6 +86,41 @@ def test_bf16_matches_fp32_reference(case, kind, cache, kdir):
     assert err < 1e-2, err
 
 
+@pytest.mark.parametrize("gate", [False, True])
+@pytest.mark.parametrize("kind", ["sliding", "full"])
+@pytest.mark.parametrize("case", ["ragged-shuffled", "long-100k+decode"])
+def test_f16_dot_matches_fp32_reference(case, kind, gate, kdir):
+    """F16_DOT (fp8 caches: q, K, V and p as fp16 MMA operands) against the fp32 reference (< 1e-2; gated: against
+    the default render's gated output, the gate being the same epilogue), beside the default render's error."""
+    c = dict(_constants(kind, "f8e4m3"), GATE=gate)
+    op = "attention_gate" if gate else "attention"
+    mod = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
+    f16 = load_kernel(KernelSpec("attention_prefill", op, dict(c, F16_DOT=True)), kdir)
+    assert f16.F16_DOT and not mod.F16_DOT
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=8, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle)
+    if gate:
+        T, hq, d = ins[0].shape
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        ins = [*ins, torch.randn(T, hq, d, device="cuda", generator=gen).to(torch.bfloat16),
+               torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)]
+    outs = []
+    for m in (mod, f16):
+        out = torch.full_like(ins[0], float("nan"))
+        m.launch(*ins, out)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), (case, kind, gate, m.F16_DOT)
+        outs.append(out)
+    if gate:
+        errs = [_norm_rel(outs[1], outs[0])]
+    else:
+        want = reference(c, ins, torch.float32)
+        errs = [_norm_rel(o, want) for o in outs]
+    print(f"attention_prefill {kind} fp8 {case} gate={gate}: rel err {', '.join(f'{e:.3e}' for e in errs)}")
+    SUMMARY.setdefault("f16_dot", []).append(dict(case=case, kind=kind, gate=gate, rel_err=errs))
+    assert errs[-1] < 1e-2, errs
+
+
 @pytest.mark.parametrize("kind", ["sliding", "full"])
 def test_cuda_graph_replays_new_inputs(kind, kdir):
     """Capture one launch; copy other inputs (the same chunk lengths at other prior contexts) into the captured

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Per-instruction (SASS) stall profiles of the kernels that hold the steps, for reading on the CPU afterwards:
+#   decode attention, full layer at 100K context (the step's QKN render, fp8 cache): stage 0 + merge
+#   MoE experts at one token (re-laid out): stage 0 + stage 1
+#   the router's prefill GEMM at 16,384 tokens: both launches
+# Each: ncu with WarpStateStats + SourceCounters (+ SpeedOfLight, Occupancy, LaunchStats) into $OUT/NAME.ncu-rep, then
+# the report's source page as SASS with per-instruction samples ($OUT/NAME-sass.csv) and its details page (text).
+#   PYTHONPATH=... bash bench/ncu_source.sh [qkn moe router]    # on the H200; OUT defaults to /tmp/ncu
+# Clocks left as they are (--clock-control none: METHOD.md).
+set -u
+out=${OUT:-/tmp/ncu}
+mkdir -p "$out"
+prof() {  # NAME LAUNCH_COUNT CMD...
+  local name=$1 count=$2
+  shift 2
+  echo "== $name: $*"
+  ncu --clock-control none --kernel-name 'regex:^kernel$' --launch-skip 2 --launch-count "$count" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SourceCounters --import-source yes -f -o "$out/$name" "$@" > "$out/$name.log" 2>&1
+  echo "   rc $? ($(tail -1 "$out/$name.log"))"
+  ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/$name-sass.csv" 2>> "$out/$name.log"
+  ncu -i "$out/$name.ncu-rep" --page details > "$out/$name-details.txt" 2>> "$out/$name.log"
+  wc -l "$out/$name-sass.csv" "$out/$name-details.txt" | head -2
+}
+for what in "${@:-qkn moe router}"; do
+  for w in $what; do
+    case $w in
+      qkn) prof qkn-full-100k 2 python3 bench/attention_decode.py --ncu-qkn full:f8e4m3:100000 ;;
+      qkn-sliding) prof qkn-sliding-4k 2 python3 bench/attention_decode.py --ncu-qkn sliding:f8e4m3:4096 ;;
+      moe) prof moe-decode-t1 2 python3 bench/moe_decode.py --ncu --tokens 1 ;;
+      router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
+      *) echo "unknown profile $w" ;;
+    esac
+  done
+done
