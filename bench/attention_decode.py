@@ -57,8 +57,13 @@ CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERG
            # fp8 caches: the MMAs on fp16 operands (e4m3 -> fp16 is one packed instruction; -> bf16 adds a per-value
            # F2F on the MIO pipe: 128 of the full layer's ~900 SASS per block and thread, s19run1's ncu); and the
            # merge of up to 256 splits in one step (stage 1: one round of loads instead of two at 100K)
+           # (s19run2, before F16_DOT and the merge chunks were the defaults: fp8 100K 22.9 -> 17.2 us with both)
            ("f16", dict(F16_DOT=True)), ("mc256", dict(MERGE_CHUNK=256)), ("f16/mc256", dict(F16_DOT=True, MERGE_CHUNK=256)),
-           ("f16/bn32", dict(F16_DOT=True, BLOCK_N=32)))
+           ("f16/bn32", dict(F16_DOT=True, BLOCK_N=32)),
+           # with F16_DOT the default (fp8): bf16 operands again; and the loop's other knobs now that it is shorter
+           ("bf16dot", dict(F16_DOT=False)), ("mergeD16", dict(MERGE_D=16)), ("mergeD64", dict(MERGE_D=64)),
+           ("prefetch2/f16", dict(PREFETCH=2)), ("bn32/prefetch2/f16", dict(BLOCK_N=32, PREFETCH=2)),
+           ("w8/bn64/f16", dict(NUM_WARPS=8)), ("bn128/no-prefetch/f16", dict(BLOCK_N=128, PREFETCH=False)))
 # (s18run1: every one of those four slower than the default at 100K (25.8-35.0 us against 23.0 at their best splits):
 # more warps per SM do not shorten this loop)
 # --configs picks some by label (the default always runs)
@@ -78,11 +83,12 @@ def _constants(kind: str, kv: str, dry: bool, **extra) -> dict:
     if dry:  # tiny fp32: 6 query heads / 1 KV head of 32, window 32, blocks of 16
         return constants(6, 1, 32, 32 if kind == "sliding" else 0, "f32", kv, PAGE if kind == "full" else None,
                          BLOCK_N=16, **extra)
-    from beamc.codegen.emitters import attention_decode_tiles
+    from beamc.codegen.emitters import attention_decode_tiles, attention_dot
 
     a = load_spec(ROOT / "models/beam.yaml").attention
     window = load_spec(ROOT / "models/beam.yaml").effective_window if kind == "sliding" else 0
-    tiles = dict(attention_decode_tiles(window), **extra)  # the emitted tiles, unless a sweep config overrides them
+    # the emitted tiles and MMA operand type, unless a sweep config overrides them
+    tiles = dict(attention_decode_tiles(window), **attention_dot(kv, "bf16"), **extra)
     return constants(a.num_heads // 8, max(a.num_kv_heads // 8, 1), a.head_dim, window, "bf16", kv,
                      PAGE if kind == "full" else None, **tiles)
 

@@ -300,6 +300,19 @@ def test_fp8_cache_attention_kernels_multiply_in_fp16():
     assert not any("F16_DOT" in k.constants for k in attn(compile_package(parse_spec(data), passes=ALL)))
 
 
+def test_window_block_n_pins_the_sliding_layers_only():
+    """`--set attention_decode.WINDOW_BLOCK_N=16`: the sliding layers' decode attention takes blocks of 16 keys, the
+    full layers keep the emitted 64 (BLOCK_N would pin both)."""
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+    pkg = compile_package(tiny, passes=ALL, phases=("decode",),
+                          template_overrides={"attention_decode": {"WINDOW_BLOCK_N": 16}})
+    att = [k for k in pkg.kernels.values() if k.template == "attention_decode"]
+    sliding = [k for k in att if k.constants["WINDOW"]]
+    assert sliding and len(sliding) < len(att)
+    for k in att:
+        assert f"\nBLOCK_N = {16 if k.constants['WINDOW'] else 64}\n" in k.source(), k.name
+
+
 def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
     """`moe_combine_max_tokens` (`beamc compile --moe-combine-max-tokens N`): at TP 2, steps of up to N tokens take the
     MoE decode kernel's COMBINE render and no moe_combine launch, larger steps the experts then moe_combine; 0 the
