@@ -325,6 +325,46 @@ def test_moe_router_w_split(spec_name, T, kdir, summary):
     assert same_logits and same and same_graph, rec
 
 
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_moe_router_expert_prefetch(T, kdir, summary):
+    """PREFETCH_EXPERTS (the selection's bulk L2 prefetches of the chosen experts' gate_up codes and block scales, at
+    the TP-8 bytes per expert, re-laid-out dtypes; T = 3 is past PF_MAX_PAIRS: none) against the default render on
+    the same inputs: ids and weights bit for bit, eagerly and replayed from a CUDA graph, outputs poisoned first; the
+    router timed both ways (the prefetches are asynchronous: its own time should not move)."""
+    plain = dict(_router_constants("full", "small"), PF_CODES=1638400, PF_SCALES=204800)
+    base = _module("moe_router", plain, kdir)
+    pf = _module("moe_router", dict(plain, PREFETCH_EXPERTS=True), kdir)
+    assert pf.PREFETCH_EXPERTS and not base.PREFETCH_EXPERTS
+    E = plain["E"]
+    g = torch.Generator(device="cuda").manual_seed(T)
+    codes = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, 640, 640), dtype=torch.int32, device="cuda", generator=g)
+    scales = torch.randint(0, 255, (E, 640, 320), dtype=torch.uint8, device="cuda", generator=g)
+    x, W, bias = _router_inputs(plain, T, seed=T + 3)
+    kw = dict(pf_codes=codes, pf_scales=scales)
+    outs = []
+    for m, k in ((base, {}), (pf, kw)):
+        w, i = torch.full((T, m.TOP_K), float("nan"), device="cuda"), torch.full((T, m.TOP_K), -1, device="cuda")
+        m.launch(x, W, bias, w, i, torch.full((m.scratch_numel(T),), float("nan"), device="cuda"), **k)
+        torch.cuda.synchronize()
+        outs.append((w, i))
+    same = torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][0].view(torch.int32), outs[1][0].view(torch.int32))
+    wg, ig = torch.full_like(outs[1][0], float("nan")), torch.full_like(outs[1][1], -1)
+    scratch = torch.full((pf.scratch_numel(T),), float("nan"), device="cuda")
+    graph = captured_graph(lambda: pf.launch(x, W, bias, wg, ig, scratch, **kw), 1)
+    wg.fill_(float("nan"))
+    ig.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    same_graph = torch.equal(ig, outs[1][1]) and torch.equal(wg.view(torch.int32), outs[1][0].view(torch.int32))
+    t0 = _time_us(lambda: base.launch(x, W, bias, wg, ig, scratch))
+    t1 = _time_us(lambda: pf.launch(x, W, bias, wg, ig, scratch, **kw))
+    rec = dict(case=f"expert-prefetch-T{T}", bitwise=same, graph_bitwise=same_graph, us_default=t0, us_prefetch=t1)
+    summary["moe_router"].append(rec)
+    print(f"router expert prefetch T{T}: bitwise {same} (graph {same_graph}), {t0 and round(t0, 2)} -> "
+          f"{t1 and round(t1, 2)} us")
+    assert same and same_graph, rec
+
+
 @pytest.mark.parametrize("spec_name,T", [("full", 5), ("full", 64), ("odd", 37)])
 def test_moe_router_paths_agree(spec_name, T, kdir, summary):
     """The small-M (GEMV, tree sums) and large-M (FMA chains) paths: logits within 1e-6, the same choice."""
