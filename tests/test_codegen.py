@@ -3,7 +3,6 @@ reference (fp32 instances under Triton's CPU interpreter) and compiles ahead of 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -312,35 +311,6 @@ def test_window_block_n_pins_the_sliding_layers_only():
     assert sliding and len(sliding) < len(att)
     for k in att:
         assert f"\nBLOCK_N = {16 if k.constants['WINDOW'] else 64}\n" in k.source(), k.name
-
-
-def test_decode_router_gets_its_moe_layers_gate_up_weights_for_prefetch():
-    """The decode router's launch names its layer's NVFP4 gate_up codes and block scales by keyword (`pf_codes`,
-    `pf_scales`: what PREFETCH_EXPERTS renders prefetch into L2 once the experts are chosen), with their bytes per
-    expert as PF_CODES / PF_SCALES; prefill routers and bf16-expert layers get none; the render option is a `--set`."""
-    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
-    pkg = compile_package(tiny, passes=ALL)
-    step = render_steps(pkg)
-    seen = 0
-    for phase, st in pkg.steps.items():
-        for node, ln in st.launches:
-            if node.op != "moe_router":
-                continue
-            if phase != "decode":
-                assert ln.buffers == () and "PF_CODES" not in ln.kernel.constants
-                continue
-            experts = next(n for n in st.graph.nodes if n.op == "moe_experts" and n.inputs[1] is node.outputs[1])
-            codes, scales = experts.inputs[2:4]
-            assert ln.buffers == (("pf_codes", codes.name), ("pf_scales", scales.name))
-            E = codes.shape[0]
-            assert ln.kernel.constants["PF_CODES"] * E == math.prod(codes.shape)  # (e2m1x2 and e4m3: a byte each)
-            assert ln.kernel.constants["PF_SCALES"] * E == math.prod(scales.shape)
-            assert f"pf_codes=v[{codes.name!r}], pf_scales=v[{scales.name!r}])" in step
-            seen += 1
-    assert seen == sum(1 for t in tiny.mlp_types if t != "dense") > 0
-    on = compile_package(tiny, passes=ALL, phases=("decode",),
-                         template_overrides={"moe_router": {"PREFETCH_EXPERTS": True}})
-    assert all("PREFETCH_EXPERTS = True" in k.source() for k in on.kernels.values() if k.template == "moe_router")
 
 
 def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):

@@ -444,12 +444,6 @@ def test_moe_router_select_sort_interpreted(spec_name, path, T, ties, interprete
     _check(interpreted, f"router[{spec_name}-{path}-{T}+sort{'+ties' if ties else ''}]")
 
 
-def test_moe_router_expert_prefetch_interpreted(interpreted):
-    """PREFETCH_EXPERTS: the launcher takes the MoE layer's gate_up codes / scales (stored or re-laid out), refuses
-    a tensor of the wrong size, and the render selects bit for bit as the default (see check_router_prefetch)."""
-    _check(interpreted, "router-prefetch")
-
-
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_PDL_CASES)
 def test_moe_router_pdl_render_interpreted(spec_name, path, T, interpreted):
     """Both stages of a PDL render (each waits before it reads x or the scratch) run in the interpreter and match."""
@@ -488,10 +482,6 @@ def _variants() -> list[tuple[str, str, dict]]:
                         {**router_constants(spec, "large"), "TF32X2": False}))
             out.append((f"moe_router[{name},large,w-split]", "moe_router",  # W split once, by a first launch
                         {**router_constants(spec, "large"), "W_SPLIT": True}))
-            for opts in (0, 1):  # the selection prefetching the chosen experts' gate_up weights (TP-8 bytes)
-                out.append((f"moe_router[{name},small,prefetch,o{opts}]", "moe_router",
-                            {**router_constants(spec, "small"), "PREFETCH_EXPERTS": True, "PF_CODES": 1638400,
-                             "PF_SCALES": 204800, "_OPTS": opts}))
     return out
 
 
@@ -517,8 +507,6 @@ def _compile(args) -> dict:
                 pdl=constants.get("PDL", True), options=options,
                 launch_pdl=bool(ck.metadata.launch_pdl), one_launch=T == 1,
                 atomic=bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)), fence="fence.acq_rel.gpu" in ptx,
-                bulk_prefetch=ptx.count("cp.async.bulk.prefetch.L2.global"),
-                prefetch=bool(getattr(mod, "PREFETCH_EXPERTS", False)),
                 **pdl_facts(ptx))
 
 
@@ -548,9 +536,8 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (1 if not r["router"] or r["one_launch"] else 3 if r["w_split"] else 2), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-        assert (r["bulk_prefetch"] > 0) == r["prefetch"], r  # PREFETCH_EXPERTS: its bulk L2 prefetches, only there
-    assert len(results) == 2 * len(_variants()) == 90
-    assert sum(r["pdl"] for r in results) == 64
+    assert len(results) == 2 * len(_variants()) == 86
+    assert sum(r["pdl"] for r in results) == 60
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
@@ -573,40 +560,6 @@ def _interpreter_cases(tiny):
         yield from ((f"router[{a}-{b}-{t}+sort{'+ties' if ties else ''}]",
                      lambda *x, ties=ties: check_router(*x, select_sort=True, ties=ties), (a, b, t))
                     for a, b, t in ROUTER_SORT_CASES)
-    yield "router-prefetch", check_router_prefetch, ()
-
-
-def check_router_prefetch(tiny, kdir) -> dict:
-    """PREFETCH_EXPERTS (the selection prefetching the chosen experts' gate_up weights into L2): its launcher takes the
-    MoE layer's codes and block scales (as stored and re-laid out: the same bytes per expert), checks their sizes, and
-    the render gives the default render's ids and weights bit for bit (no L2 here: the prefetch is the GPU's)."""
-    c = dict(router_constants(tiny, "small"), PDL=True, PF_CODES=96, PF_SCALES=16)  # (bf16 x: PDL on, as emitted)
-    mod = load_interpreted("moe_router", dict(c, PREFETCH_EXPERTS=True), kdir)
-    base = load_interpreted("moe_router", c, kdir)
-    assert mod.PREFETCH_EXPERTS and not base.PREFETCH_EXPERTS and mod.PF_NCH * mod.PF_CHUNK >= 96
-    E, out = c["E"], {}
-    codes = torch.randint(0, 255, (E, 4, 24), dtype=torch.uint8)  # 96 bytes an expert
-    scales = torch.randint(0, 255, (E, 4, 4), dtype=torch.uint8)  # 16
-    g = torch.Generator().manual_seed(5)
-    for T in (1, 2, 3):  # (T x top-k <= PF_MAX_PAIRS: prefetch; T = 3 at top-8 and up: none)
-        x = torch.randn(T, c["H"], generator=g).bfloat16()
-        W = torch.randn(E, c["H"], generator=g) * 0.05
-        bias = torch.randn(E, generator=g) * 0.02
-        res = []
-        for m, kw in ((mod, dict(pf_codes=codes, pf_scales=scales)), (mod, dict(pf_codes=codes.view(torch.int32),
-                                                                               pf_scales=scales)), (base, {})):
-            w, i = torch.full((T, c["TOP_K"]), float("nan")), torch.full((T, c["TOP_K"]), -1, dtype=torch.int64)
-            m.launch(x, W, bias, w, i, torch.full((m.scratch_numel(T),), float("nan")), **kw)
-            res.append((w, i))
-        for w, i in res[:2]:
-            assert torch.equal(i, res[2][1]) and torch.equal(w.view(torch.int32), res[2][0].view(torch.int32))
-        out[f"T{T}"] = "bitwise"
-    try:
-        mod.launch(x[:1], W, bias, *res[0], None, pf_codes=codes[:-1], pf_scales=scales)
-    except AssertionError:
-        out["short codes"] = "refused"
-    assert out.get("short codes") == "refused", "a codes tensor of the wrong size was taken"
-    return out
 
 
 if __name__ == "__main__":

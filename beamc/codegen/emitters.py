@@ -7,14 +7,12 @@ Library calls name a function of `beamc.runtime.library` and say which issue rep
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from beamc.codegen.kernel import KernelSpec
 from beamc.codegen.overrides import pin
 from beamc.codegen.registry import Context, emits
-from beamc.ir.dtypes import nbytes
 from beamc.ir.graph import Graph, Node, Value
 from beamc.ir.ops import OPS, qk_attention_parts
 
@@ -28,8 +26,6 @@ class Launch:
     pending: str = ""  # why this is a library call, and which issue brings its kernel
     scratch: tuple[tuple[str, tuple, str], ...] = ()  # (name, shape, IR dtype) of scratch buffers it declares
     kwargs: tuple[tuple[str, Any], ...] = ()  # library calls: the op's attributes they need
-    buffers: tuple[tuple[str, str], ...] = ()  # (keyword, buffer name): buffers passed by keyword, which the op
-    # does not read as an input (e.g. the router's expert prefetch: the MoE layer's weights)
     min_tokens: int = 0  # the launch runs for steps of min_tokens <= T <= max_tokens tokens (T: the step's token
     max_tokens: int | None = None  # count, fixed per CUDA-graph bucket); None: no upper bound
     choice: dict[str, Any] | None = None  # why this token range (`codegen.choices`), for the manifest
@@ -176,24 +172,9 @@ def _moe_router(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     a = node.attrs
     x, w = node.inputs[:2]
     path = "small" if g.meta["phase"] == "decode" else "large"
-    pf, buffers = {}, ()
-    experts = _nvfp4_experts_of(node, g) if path == "small" else None
-    if experts is not None:  # the selection may prefetch the chosen experts' gate_up weights (PREFETCH_EXPERTS)
-        codes, scales = experts.inputs[2:4]
-        pf = dict(PF_CODES=int(math.prod(codes.shape[1:]) * nbytes(codes.dtype)),
-                  PF_SCALES=int(math.prod(scales.shape[1:]) * nbytes(scales.dtype)))
-        buffers = (("pf_codes", codes.name), ("pf_scales", scales.name))
-    ln = kernel(node, "moe_router", ctx, H=last_dim(x), E=w.shape[0], N_GROUP=a["n_group"],
-                TOPK_GROUP=a["topk_group"], TOP_K=a["top_k"], RENORMALIZE=bool(a["renormalize"]), EPS=a["eps"],
-                PATH=path, **pf)
-    return [dataclasses.replace(ln, buffers=buffers)]
-
-
-def _nvfp4_experts_of(router: Node, g: Graph) -> Node | None:
-    """The NVFP4 moe_experts node that reads this router's expert ids, if any."""
-    ids = router.outputs[1]
-    return next((n for n in g.nodes if n.op == "moe_experts" and n.attrs.get("format") == "nvfp4"
-                 and len(n.inputs) > 1 and n.inputs[1] is ids), None)
+    return [kernel(node, "moe_router", ctx, H=last_dim(x), E=w.shape[0], N_GROUP=a["n_group"],
+                   TOPK_GROUP=a["topk_group"], TOP_K=a["top_k"], RENORMALIZE=bool(a["renormalize"]), EPS=a["eps"],
+                   PATH=path)]
 
 
 # ---------------------------------------------------------------- GEMMs: the generated small-M kernel where measured

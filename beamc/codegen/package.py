@@ -248,8 +248,7 @@ def render_steps(pkg: Package) -> str:
                 last_layer = node.layer
                 kind = layer_kind(pkg.spec, node.layer) if node.layer is not None else "embedding / head"
                 lines.append(f"    # ---- layer {node.layer} ({kind})" if node.layer is not None else f"    # ---- {kind}")
-            args = ", ".join([f"v[{a!r}]" for a in ln.args] + [f"{k}={v!r}" for k, v in ln.kwargs]
-                             + [f"{k}=v[{b!r}]" for k, b in ln.buffers])
+            args = ", ".join([f"v[{a!r}]" for a in ln.args] + [f"{k}={v!r}" for k, v in ln.kwargs])
             cond = ln.condition()
             pre = f"    if {cond}: " if cond else "    "
             if ln.kernel is not None:

@@ -207,13 +207,13 @@ def _router_inputs(c: dict, T: int, seed: int):
     return x, W, bias
 
 
-def _run_router(mod, x, W, bias, **kw):
+def _run_router(mod, x, W, bias):
     T = x.shape[0]
     weights = torch.full((T, mod.TOP_K), float("nan"), device="cuda")
     ids = torch.full((T, mod.TOP_K), -1, dtype=torch.int64, device="cuda")
     n = mod.scratch_numel(T)
     scratch = torch.full((n + 1024,), float("nan"), device="cuda")  # canaries past the end
-    mod.launch(x, W, bias, weights, ids, scratch, **kw)
+    mod.launch(x, W, bias, weights, ids, scratch)
     torch.cuda.synchronize()
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
     return weights, ids, mod.logits(scratch, T).clone(), scratch[:n]
@@ -261,23 +261,22 @@ def test_moe_router(spec_name, T, pdl, kdir, summary):
     assert w_rel_own <= 1e-6 and w_rel_ref <= 1e-6 + 4 * rec["logits_rel_cublas"] * float(cublas.abs().max()), rec
 
 
-def _renders_agree(base, other, x, W, bias, **other_kw):
-    """Two renders of the router on the same inputs (`other_kw`: the other's extra launch arguments): (logits equal,
-    ids and weights equal bit for bit, the other's graph replay (outputs poisoned first) equal to its eager launch,
-    us of base, us of other, rows that differ)."""
+def _renders_agree(base, other, x, W, bias):
+    """Two renders of the router on the same inputs: (logits equal, ids and weights equal bit for bit, the other's
+    graph replay (outputs poisoned first) equal to its eager launch, us of base, us of other, rows that differ)."""
     w0, i0, l0, _ = _run_router(base, x, W, bias)
-    w1, i1, l1, _ = _run_router(other, x, W, bias, **other_kw)
+    w1, i1, l1, _ = _run_router(other, x, W, bias)
     same = torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32))
     wg, ig = torch.full_like(w1, float("nan")), torch.full_like(i1, -1)
     scratch = torch.full((other.scratch_numel(x.shape[0]),), float("nan"), device="cuda")
-    graph = captured_graph(lambda: other.launch(x, W, bias, wg, ig, scratch, **other_kw), 1)
+    graph = captured_graph(lambda: other.launch(x, W, bias, wg, ig, scratch), 1)
     wg.fill_(float("nan"))
     ig.fill_(-1)
     graph.replay()
     torch.cuda.synchronize()
     same_graph = torch.equal(ig, i1) and torch.equal(wg.view(torch.int32), w1.view(torch.int32))
     t0 = _time_us(lambda: base.launch(x, W, bias, w0, i0, scratch))
-    t1 = _time_us(lambda: other.launch(x, W, bias, wg, ig, scratch, **other_kw))
+    t1 = _time_us(lambda: other.launch(x, W, bias, wg, ig, scratch))
     return torch.equal(l0, l1), same, same_graph, t0, t1, int((i0 != i1).any(-1).sum())
 
 
@@ -324,29 +323,6 @@ def test_moe_router_w_split(spec_name, T, kdir, summary):
     print(f"router w-split {spec_name} T{T}: logits bitwise {same_logits}, ids/weights {same} (graph {same_graph}), "
           f"{t0 and round(t0, 2)} -> {t1 and round(t1, 2)} us")
     assert same_logits and same and same_graph, rec
-
-
-@pytest.mark.parametrize("T", [1, 2, 3])
-def test_moe_router_expert_prefetch(T, kdir, summary):
-    """PREFETCH_EXPERTS (the selection's bulk L2 prefetches of the chosen experts' gate_up codes and block scales, at
-    the TP-8 bytes per expert, re-laid-out dtypes; T = 3 is past PF_MAX_PAIRS: none) against the default render on
-    the same inputs: ids and weights bit for bit, eagerly and replayed from a CUDA graph, outputs poisoned first; the
-    router timed both ways (the prefetches are asynchronous: its own time should not move)."""
-    plain = dict(_router_constants("full", "small"), PF_CODES=1638400, PF_SCALES=204800)
-    base = _module("moe_router", plain, kdir)
-    pf = _module("moe_router", dict(plain, PREFETCH_EXPERTS=True), kdir)
-    assert pf.PREFETCH_EXPERTS and not base.PREFETCH_EXPERTS
-    E = plain["E"]
-    g = torch.Generator(device="cuda").manual_seed(T)
-    codes = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, 640, 640), dtype=torch.int32, device="cuda", generator=g)
-    scales = torch.randint(0, 255, (E, 640, 320), dtype=torch.uint8, device="cuda", generator=g)
-    x, W, bias = _router_inputs(plain, T, seed=T + 3)
-    _, same, same_graph, t0, t1, _ = _renders_agree(base, pf, x, W, bias, pf_codes=codes, pf_scales=scales)
-    rec = dict(case=f"expert-prefetch-T{T}", bitwise=same, graph_bitwise=same_graph, us_default=t0, us_prefetch=t1)
-    summary["moe_router"].append(rec)
-    print(f"router expert prefetch T{T}: bitwise {same} (graph {same_graph}), {t0 and round(t0, 2)} -> "
-          f"{t1 and round(t1, 2)} us")
-    assert same and same_graph, rec
 
 
 @pytest.mark.parametrize("spec_name,T", [("full", 5), ("full", 64), ("odd", 37)])
