@@ -303,6 +303,9 @@ MOE_CASES = {
     # GSCALE_EARLY: stage 0's global scales read right after idx (bad ids: their scales masked to 0 as before)
     "E5-T3-relaid-bad-ids-gscale-early": (1, dict(_odd(5, 384, 96, 3), GSCALE_EARLY=True), 3, True, "bad"),
     "tp2-T1-raw-gscale-early": (2, dict(GSCALE_EARLY=True), 1, False, "distinct"),
+    # SCALAR_BASE: stage 0's tile addressed from the expert's base pointers (bad ids: expert 0's, masked as before)
+    "E5-T3-relaid-bad-ids-scalar-base": (1, dict(_odd(5, 384, 96, 3), SCALAR_BASE=True), 3, True, "bad"),
+    "tp2-T8-raw-scalar-base": (2, dict(SCALAR_BASE=True, MP_MAX=2), 8, False, "shared"),
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 
@@ -568,7 +571,10 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
             ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True)),
             ("full-tp8,ksplit8", dict(moe_constants(full, 8), KSPLIT=8), (1, True)),
             ("full-tp8,combine,gscale-early", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5,
-                                                   GSCALE_EARLY=True), (1, True))]
+                                                   GSCALE_EARLY=True), (1, True)),
+            ("full-tp8,combine,scalar-base", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5,
+                                                  SCALAR_BASE=True), (1, True)),
+            ("full-tp8,raw,scalar-base", dict(moe_constants(full, 8), SCALAR_BASE=True), (1, False))]
 
 
 def _local_bytes(cubin: bytes) -> int | None:
@@ -645,8 +651,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 26
-    assert sum(r["pdl"] for r in results) == 24
+    assert len(results) == 2 * len(_variants()) == 30
+    assert sum(r["pdl"] for r in results) == 28
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR
