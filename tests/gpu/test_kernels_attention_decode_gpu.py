@@ -330,6 +330,14 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
             and torch.equal(vcv.view(torch.uint8), vc1.view(torch.uint8))
         return mod, run, o, same
 
+    def replayed(run, o):
+        """o as a CUDA graph of run writes it (poisoned first, replayed once)."""
+        graph = captured_graph(run)
+        o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        return o.clone()
+
     # EARLY_KV (the default: the first K/V block loaded before the PDL wait) against the render without it: the same
     # arithmetic, so the same bits (output and written rows)
     late, one_late, _, early_same = other_render(EARLY_KV=False)
@@ -339,19 +347,11 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     # against the default render: where a trigger sits changes no bit (eager, and in a graph)
     trig, one_trig, trig_out, trig_same = other_render(LATE_TRIGGER=not qkn.LATE_TRIGGER, LATE_TRIGGER1=True)
     assert trig.LATE_TRIGGER1 and trig.LATE_TRIGGER != qkn.LATE_TRIGGER
-    trig_graph = captured_graph(one_trig)
-    trig_out.fill_(float("nan"))
-    trig_graph.replay()
-    torch.cuda.synchronize()
-    trig_same = trig_same and torch.equal(trig_out, eager)
+    trig_same = trig_same and torch.equal(replayed(one_trig, trig_out), eager)
     # MERGE_EARLY (the merge's position and gate bias read before its wait): the same bits, eager and in a graph
     me, one_me, me_out, me_same = other_render(MERGE_EARLY=True)
     assert me.MERGE_EARLY and not qkn.MERGE_EARLY
-    me_graph = captured_graph(one_me)
-    me_out.fill_(float("nan"))
-    me_graph.replay()
-    torch.cuda.synchronize()
-    me_same = me_same and torch.equal(me_out, eager)
+    me_same = me_same and torch.equal(replayed(one_me, me_out), eager)
     rec = dict(kind=kind, ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, row_err=row_err,
                same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager), early_kv_bitwise=early_same,
                late_trigger_bitwise=trig_same, merge_early_bitwise=me_same)
@@ -360,11 +360,7 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
         # reference (p rounded to fp16, not bf16: another rounding), a graph replay equal to an eager launch
         f16, one_f16, f16_out, _ = other_render(F16_DOT=True)
         assert f16.F16_DOT and not qkn.F16_DOT
-        f16_graph = captured_graph(one_f16)
-        f16_out.fill_(float("nan"))
-        f16_graph.replay()
-        torch.cuda.synchronize()
-        graphed = f16_out.clone()
+        graphed = replayed(one_f16, f16_out)
         f16_out.fill_(float("nan"))
         one_f16()
         torch.cuda.synchronize()
