@@ -282,14 +282,14 @@ QKN_CASES = {
                                                             BLOCK_N=16, PDL=True), "ssmax",
                                                   LATE_TRIGGER=True, LATE_TRIGGER1=True),
                                     [(0, [122]), (1, [0]), (2, [48])], None, (1, 2)),
-    # MERGE_EARLY (PDL): the merge's position and gate bias read before its wait (the same results)
-    "qkn-fp8-ring-rope-gate-pdl-merge-early": (qkn_constants(constants(hq=4, hkv=2, d=32, window=40, dtype="f32",
-                                                                       cache="f8e4m3", BLOCK_N=16, GATE=True,
-                                                                       PDL=True), "rope", MERGE_EARLY=True),
-                                               [(0, [98]), (1, [7]), (2, [30])], 43, (1, 3)),
-    "qkn-paged-p4-ssmax-pdl-merge-early": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
-                                                                   BLOCK_N=16, PDL=True), "ssmax", MERGE_EARLY=True),
-                                           [(0, [122]), (1, [0]), (2, [48])], None, (1, 4)),
+    # with PDL the merge's position and gate bias are read before its wait (MERGE_EARLY, the default); and the render
+    # without it (both after the wait: the same results)
+    "qkn-fp8-ring-rope-gate-pdl": (qkn_constants(constants(hq=4, hkv=2, d=32, window=40, dtype="f32", cache="f8e4m3",
+                                                           BLOCK_N=16, GATE=True, PDL=True), "rope"),
+                                   [(0, [98]), (1, [7]), (2, [30])], 43, (1, 3)),
+    "qkn-paged-p4-ssmax-pdl-merge-late": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
+                                                                  BLOCK_N=16, PDL=True), "ssmax", MERGE_EARLY=False),
+                                          [(0, [122]), (1, [0]), (2, [48])], None, (1, 4)),
 }
 
 
@@ -421,11 +421,11 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("full-tp8,full,f8e4m3,gate,qkn,f16-dot",  # F16_DOT: the MMAs on fp16 operands
                 qkn_constants(spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, GATE=True), "ssmax",
                               F16_DOT=True)))
-    for kind, mode in (("sliding", "rope"), ("full", "ssmax")):  # MERGE_EARLY: the merge's inputs before its wait
-        out.append((f"full-tp8,{kind},f8e4m3,gate,qkn,merge-early",
+    for kind, mode in (("sliding", "rope"), ("full", "ssmax")):  # MERGE_EARLY off: the merge's inputs after its wait
+        out.append((f"full-tp8,{kind},f8e4m3,gate,qkn,merge-late",
                     qkn_constants(spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True,
                                                  **({"BLOCK_N": 32} if kind == "sliding" else {})), mode,
-                                  MERGE_EARLY=True)))
+                                  MERGE_EARLY=False)))
     out.append(("full-tp8,sliding,f8e4m3,gate,qkn,kv-tiles",
                 qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32), "rope",
                               KV_TILES=True)))

@@ -252,7 +252,7 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     rows equal (up to the norm's summation order: ||.|| / ||.|| < 1e-2, most bytes equal), the output within 1e-2 of
     the fp32 reference over the rows the kernel wrote (and of the two launches'); a CUDA-graph replay equal to an
     eager launch bit for bit; both forms timed in graphs (the pass's measured effect per layer); the EARLY_KV-off,
-    LATE_TRIGGER and MERGE_EARLY renders bitwise equal to the default."""
+    LATE_TRIGGER and MERGE_EARLY-off renders bitwise equal to the default."""
     from test_kernels_attention_decode import poison_token_rows, qkn_constants, qkn_inputs
     from beamc.ir.reference import REFS, cache_rows, kv_load, qk_norm_pos_kv_ref
     spec = load_spec(ROOT / "models/beam.yaml")
@@ -348,10 +348,11 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     trig, one_trig, trig_out, trig_same = other_render(LATE_TRIGGER=not qkn.LATE_TRIGGER, LATE_TRIGGER1=True)
     assert trig.LATE_TRIGGER1 and trig.LATE_TRIGGER != qkn.LATE_TRIGGER
     trig_same = trig_same and torch.equal(replayed(one_trig, trig_out), eager)
-    # MERGE_EARLY (the merge's position and gate bias read before its wait): the same bits, eager and in a graph
-    me, one_me, me_out, me_same = other_render(MERGE_EARLY=True)
-    assert me.MERGE_EARLY and not qkn.MERGE_EARLY
-    me_same = me_same and torch.equal(replayed(one_me, me_out), eager)
+    # MERGE_EARLY (the default: the merge's position and gate bias read before its wait) against the render without
+    # it: the same bits, eager and in a graph
+    ml, one_ml, ml_out, me_same = other_render(MERGE_EARLY=False)
+    assert qkn.MERGE_EARLY and not ml.MERGE_EARLY
+    me_same = me_same and torch.equal(replayed(one_ml, ml_out), eager)
     rec = dict(kind=kind, ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, row_err=row_err,
                same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager), early_kv_bitwise=early_same,
                late_trigger_bitwise=trig_same, merge_early_bitwise=me_same)
@@ -370,7 +371,7 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
             rec.update(us_qkn_f16=_graph_us(one_f16))
     if len(ctx) == 1:
         rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one), us_qkn_late_kv=_graph_us(one_late),
-                   us_qkn_merge_early=_graph_us(one_me))
+                   us_qkn_merge_late=_graph_us(one_ml))
     print(f"qkn {kind} {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items()
                                                        if isinstance(v, float)))
     summary.setdefault("qkn", []).append(rec)
