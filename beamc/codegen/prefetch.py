@@ -13,6 +13,11 @@ Measured on the H200 (2026-12-01, docs/perf-log.md): correct (graph-captured as 
 but no faster: the TP-8 decode step 2.821 ms with 24 MB against 2.811 / 2.804 without, no op's span moved; alone, a
 GEMV after a prefetch ran 7.7 us against 9.4 from DRAM and 5.4 after a GEMV had read the same weights. Off by default
 (`package.L2_PREFETCH_MB`); kept for other budgets, targets and GPUs (`--l2-prefetch-mb`, `bench/variants.py`).
+
+`expert_plan` (`--set l2_prefetch.EXPERTS=true`): after each decode router whose ids an NVFP4 moe_experts reads, one
+launch of the kernel's EXPERTS render on the same side stream, which reads those ids and prefetches the chosen
+experts' gate_up weights beside the MoE's stage 0 (the one weight stream of the step whose addresses are not known
+before its kernel's wait). Schedule only, likewise.
 """
 from __future__ import annotations
 
@@ -41,6 +46,35 @@ def _weights_after(launches: list, i: int):
             yield v.name, int(math.prod(v.shape) * nbytes(v.dtype))
 
 
+def expert_plan(launches: list, g: Graph, pinned: dict | None = None, where: str = "--set") -> list:
+    """The step's (node, launch) list with an EXPERTS prefetch after each router launch that feeds NVFP4 experts
+    (and a join at the end), when `pinned` (the l2_prefetch template's `--set` overrides) has EXPERTS; else unchanged."""
+    if not (pinned or {}).get("EXPERTS"):
+        return launches
+    out, spec = [], None
+    for node, ln in launches:
+        out.append((node, ln))
+        experts = _nvfp4_experts_of(node, g) if node.op == "moe_router" else None
+        if experts is None:
+            continue
+        codes, scales = experts.inputs[2:4]
+        spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", dict(
+            EXPERTS=True, E=int(codes.shape[0]), PF_CODES=int(math.prod(codes.shape[1:]) * nbytes(codes.dtype)),
+            PF_SCALES=int(math.prod(scales.shape[1:]) * nbytes(scales.dtype))),
+            {k: v for k, v in pinned.items() if k != "EXPERTS"}, where))  # (its other options pinned as given)
+        out.append((node, Launch((node.outputs[1].name, codes.name, scales.name), kernel=spec)))
+    if spec is not None:
+        out.append((launches[-1][0], Launch((), kernel=spec)))  # the join: the side stream rejoins the step's stream
+    return out
+
+
+def _nvfp4_experts_of(router, g: Graph):
+    """The NVFP4 moe_experts node that reads this router's expert ids, if any."""
+    ids = router.outputs[1]
+    return next((n for n in g.nodes if n.op == "moe_experts" and n.attrs.get("format") == "nvfp4"
+                 and len(n.inputs) > 1 and n.inputs[1] is ids), None)
+
+
 def plan(launches: list, g: Graph, budget_mb: int, pinned: dict | None = None, where: str = "--set") -> list:
     """The step's (node, launch) list with the prefetch launches inserted (see the module docstring); unchanged
     when budget_mb <= 0 or nothing qualifies. `pinned`: the l2_prefetch template's `--set` overrides (its render
@@ -61,7 +95,8 @@ def plan(launches: list, g: Graph, budget_mb: int, pinned: dict | None = None, w
             inserts[i] = tuple(names)
     if not inserts:
         return launches
-    spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", {}, pinned or {}, where))
+    pinned = {k: v for k, v in (pinned or {}).items() if k != "EXPERTS"}  # (EXPERTS: expert_plan's render)
+    spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", {}, pinned, where))
     out = []
     for i, item in enumerate(launches):
         if i in inserts:
