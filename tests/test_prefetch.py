@@ -145,7 +145,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from beamc.codegen.kernel import KernelSpec, load_kernel
 for c in ({}, {"BULK": False}, {"EVICT_LAST": True},
-          {"EXPERTS": True, "E": 256, "PF_CODES": 1638400, "PF_SCALES": 204800}):
+          {"EXPERTS": True, "E": 256, "PF_BYTES": (1638400, 204800, 819200, 102400)},
+          {"EXPERTS": True, "E": 256, "PF_BYTES": (1638400, 204800, 819200, 102400), "DOWN": True}):
     mod = load_kernel(KernelSpec("l2_prefetch", "l2_prefetch", c))
     if mod.EXPERTS:  # (its arguments: pointers only)
         sig = dict(mod.SIGNATURE)
@@ -169,9 +170,9 @@ def test_kernel_compiles_as_the_jit_types_a_launch():
 
 def test_expert_plan_follows_each_decode_router_feeding_nvfp4_experts(full_tp8):
     """`--set l2_prefetch.EXPERTS=true`: right after each decode router launch whose ids an NVFP4 moe_experts reads,
-    one EXPERTS prefetch naming those ids and that layer's gate_up codes and block scales (with their bytes per expert
-    as PF_CODES / PF_SCALES), and one join at the end; prefill steps and the default package have none; the
-    byte-budget plan's kernels stay the plain render beside it."""
+    one EXPERTS prefetch naming those ids and that layer's gate_up and down codes and block scales (with their bytes
+    per expert as PF_BYTES), and one join at the end; prefill steps and the default package have none; the
+    byte-budget plan's kernels stay the plain render beside it; DOWN is a `--set` too."""
     pkg = compile_package(full_tp8, tp=8, passes=ALL, template_overrides={"l2_prefetch": {"EXPERTS": True}})
     lns = pkg.steps["decode"].launches
     pf = _prefetches(pkg)
@@ -180,18 +181,20 @@ def test_expert_plan_follows_each_decode_router_feeding_nvfp4_experts(full_tp8):
     assert len(pf) == 49
     for i, node, ln in pf:
         assert node.op == "moe_router" and lns[i - 1][0] is node
-        experts = next(n for n in pkg.steps["decode"].graph.nodes if n.op == "moe_experts" and n.inputs[1] is node.outputs[1])
-        codes, scales = experts.inputs[2:4]
-        assert ln.args == (node.outputs[1].name, codes.name, scales.name)
+        experts = next(n for n in pkg.steps["decode"].graph.nodes
+                       if n.op == "moe_experts" and n.inputs[1] is node.outputs[1])
+        ws = [experts.inputs[k] for k in (2, 3, 5, 6)]
+        assert ln.args == (node.outputs[1].name, *(w.name for w in ws))
         c = ln.kernel.constants
-        assert c["EXPERTS"] and c["E"] == codes.shape[0] == 256
-        assert c["PF_CODES"] * c["E"] == math.prod(codes.shape) and c["PF_SCALES"] * c["E"] == math.prod(scales.shape)
+        assert c["EXPERTS"] and c["E"] == ws[0].shape[0] == 256 and "DOWN" not in c
+        assert [b * c["E"] for b in c["PF_BYTES"]] == [math.prod(w.shape) for w in ws]  # (e2m1x2, e4m3: a byte each)
     assert _prefetches(pkg, "prefill") == []
     assert _prefetches(compile_package(full_tp8, tp=8, passes=ALL)) == []
     both = compile_package(full_tp8, tp=8, passes=ALL, l2_prefetch_mb=24,
-                           template_overrides={"l2_prefetch": {"EXPERTS": True}})
-    kinds = {bool(ln.kernel.constants.get("EXPERTS")) for _, _, ln in _prefetches(both) if ln.args}
-    assert kinds == {True, False}
+                           template_overrides={"l2_prefetch": {"EXPERTS": True, "DOWN": True}})
+    kinds = {(bool(ln.kernel.constants.get("EXPERTS")), bool(ln.kernel.constants.get("DOWN")))
+             for _, _, ln in _prefetches(both) if ln.args}
+    assert kinds == {(True, True), (False, False)}
     step = render_steps(pkg)
     assert step.count("K['l2_prefetch_") >= 50
 
@@ -200,33 +203,33 @@ _LINES = r"""
 import json, sys, torch
 from beamc.codegen.kernel import KernelSpec, load_kernel
 out = []
-for E, codes_b, scales_b, progs in ((5, 1000, 130, 3), (256, 1638400, 204800, 16)):
-    mod = load_kernel(KernelSpec("l2_prefetch", "l2_prefetch", dict(EXPERTS=True, E=E, PF_CODES=codes_b,
-                                                                     PF_SCALES=scales_b, XPROGS=progs)))
-    codes = torch.zeros(E, codes_b, dtype=torch.uint8)
-    scales = torch.zeros(E, scales_b, dtype=torch.uint8)
+for E, nb, progs, down in ((5, (1000, 130, 520, 70), 3, False), (5, (1000, 130, 520, 70), 2, True),
+                           (256, (1638400, 204800, 819200, 102400), 16, True)):
+    mod = load_kernel(KernelSpec("l2_prefetch", "l2_prefetch", dict(EXPERTS=True, E=E, PF_BYTES=nb, XPROGS=progs,
+                                                                     DOWN=down)))
+    ws = [torch.zeros(E, n, dtype=torch.uint8) for n in nb]
     ids = torch.tensor([[3, 0, E - 1, 3], [-1, E, 1, 2]], dtype=torch.int64)  # a repeat, and two ids out of range
-    c, s = mod.lines(ids, codes, scales)
-    out.append([E, codes_b, scales_b, c, s])
+    got = mod.lines(ids, *ws)
     try:
-        mod.lines(ids, codes[:, :-1], scales)
-        out.append("taken")
+        mod.lines(ids, ws[0][:, :-1], *ws[1:])
+        verdict = "taken"
     except AssertionError:
-        out.append("refused")
+        verdict = "refused"
+    out.append([E, nb, down, got, verdict])
 json.dump(out, sys.stdout)
 """
 
 
 def test_expert_kernel_prefetches_the_chosen_experts_lines():
     """Under the interpreter: the EXPERTS kernel asks for every 128-byte line of each valid id's gate_up codes and
-    block scales (a repeated id twice), none of an id out of range, and nothing past an expert's bytes; a tensor of
-    the wrong size is refused."""
+    block scales (DOWN: and down codes and block scales; a repeated id twice), none of an id out of range, and
+    nothing past an expert's bytes; a tensor of the wrong size is refused."""
     r = subprocess.run([sys.executable, "-c", _LINES], env={**os.environ, "TRITON_INTERPRET": "1"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout)
-    for (E, cb, sb, c, s), verdict in zip(got[0::2], got[1::2]):
+    for E, nb, down, got, verdict in json.loads(r.stdout):
         valid = [3, 0, E - 1, 3, 1, 2]
-        assert c == sorted(e * cb + o for e in valid for o in range(0, cb, 128)), E
-        assert s == sorted(e * sb + o for e in valid for o in range(0, sb, 128)), E
+        assert len(got) == (4 if down else 2)
+        for n, lines in zip(nb, got):
+            assert lines == sorted(e * n + o for e in valid for o in range(0, n, 128)), (E, n)
         assert verdict == "refused"

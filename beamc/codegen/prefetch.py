@@ -16,8 +16,8 @@ GEMV after a prefetch ran 7.7 us against 9.4 from DRAM and 5.4 after a GEMV had 
 
 `expert_plan` (`--set l2_prefetch.EXPERTS=true`): after each decode router whose ids an NVFP4 moe_experts reads, one
 launch of the kernel's EXPERTS render on the same side stream, which reads those ids and prefetches the chosen
-experts' gate_up weights beside the MoE's stage 0 (the one weight stream of the step whose addresses are not known
-before its kernel's wait). Schedule only, likewise.
+experts' gate_up weights (`l2_prefetch.DOWN`: and down weights) beside the MoE's stage 0 (the one weight stream of
+the step whose addresses are not known before its kernel's wait). Schedule only, likewise.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from beamc.ir.graph import Graph
 
 HIDE_OPS = ("qk_attention", "attention", "attention_gate", "moe_experts")
 MIN_BYTES = 1 << 20  # below this a prefetch is not worth its launch
+EXPERT_OPTIONS = ("EXPERTS", "DOWN", "XPROGS")  # the l2_prefetch options of the expert plan's render only
 
 
 def _weights_after(launches: list, i: int):
@@ -57,12 +58,12 @@ def expert_plan(launches: list, g: Graph, pinned: dict | None = None, where: str
         experts = _nvfp4_experts_of(node, g) if node.op == "moe_router" else None
         if experts is None:
             continue
-        codes, scales = experts.inputs[2:4]
+        ws = [experts.inputs[i] for i in (2, 3, 5, 6)]  # gate_up codes, block scales; down codes, block scales
         spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", dict(
-            EXPERTS=True, E=int(codes.shape[0]), PF_CODES=int(math.prod(codes.shape[1:]) * nbytes(codes.dtype)),
-            PF_SCALES=int(math.prod(scales.shape[1:]) * nbytes(scales.dtype))),
+            EXPERTS=True, E=int(ws[0].shape[0]),
+            PF_BYTES=tuple(int(math.prod(w.shape[1:]) * nbytes(w.dtype)) for w in ws)),
             {k: v for k, v in pinned.items() if k != "EXPERTS"}, where))  # (its other options pinned as given)
-        out.append((node, Launch((node.outputs[1].name, codes.name, scales.name), kernel=spec)))
+        out.append((node, Launch((node.outputs[1].name, *(w.name for w in ws)), kernel=spec)))
     if spec is not None:
         out.append((launches[-1][0], Launch((), kernel=spec)))  # the join: the side stream rejoins the step's stream
     return out
@@ -95,7 +96,7 @@ def plan(launches: list, g: Graph, budget_mb: int, pinned: dict | None = None, w
             inserts[i] = tuple(names)
     if not inserts:
         return launches
-    pinned = {k: v for k, v in (pinned or {}).items() if k != "EXPERTS"}  # (EXPERTS: expert_plan's render)
+    pinned = {k: v for k, v in (pinned or {}).items() if k not in EXPERT_OPTIONS}  # (expert_plan's render's)
     spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", {}, pinned, where))
     out = []
     for i, item in enumerate(launches):
