@@ -49,7 +49,8 @@ def _weights_after(launches: list, i: int):
 
 def expert_plan(launches: list, g: Graph, pinned: dict | None = None, where: str = "--set") -> list:
     """The step's (node, launch) list with an EXPERTS prefetch after each router launch that feeds NVFP4 experts
-    (and a join at the end), when `pinned` (the l2_prefetch template's `--set` overrides) has EXPERTS; else unchanged."""
+    (and a join at the end), when `pinned` (the l2_prefetch template's `--set` overrides) has EXPERTS; else
+    unchanged."""
     if not (pinned or {}).get("EXPERTS"):
         return launches
     out, spec = [], None
