@@ -1,6 +1,7 @@
 """Template variants in the whole step: batch-1 decode (and optionally the prefill) of one TP-8 rank's share of Beam,
 every pass on, for packages that differ only in template constants (`beamc compile --set TEMPLATE.CONSTANT=VALUE`)
-or compile options (`compile.NAME=VALUE`: COMPILE_OPTIONS, `compile_package`'s keywords).
+or compile options (`compile.NAME=VALUE`: COMPILE_OPTIONS, `compile_package`'s keywords), or leave a fusion pass out
+(`pass.NAME=false`: the package without that pass, e.g. `--variant unfused=pass.attention_o_proj=false`).
 
     python bench/variants.py --out $OUT --variant kv_tiles=attention_decode.KV_TILES=true \\
         --variant w8=attention_decode.NUM_WARPS=8,attention_decode.BLOCK_N=128 \\
@@ -65,6 +66,12 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
         raise SystemExit(f"--variant {text!r}: give LABEL=TEMPLATE.CONSTANT=VALUE[,...] (or compile.OPTION=VALUE)")
     items = rest.split(",")
     options = {}
+    for item in (i for i in items if i.startswith("pass.")):  # a fusion pass left out: `pass.NAME=false`
+        name, _, value = item[len("pass."):].partition("=")
+        if name not in PASSES or value.lower() != "false":
+            raise SystemExit(f"--variant {label}: {item!r}: give pass.NAME=false, NAME one of " + ", ".join(PASSES))
+        options.setdefault("disable", []).append(name)
+    items = [i for i in items if not i.startswith("pass.")]
     for item in (i for i in items if i.startswith("compile.")):
         name, _, value = item[len("compile."):].partition("=")
         if name not in COMPILE_OPTIONS or not value:
@@ -128,8 +135,10 @@ def main(argv=None) -> dict:
         outs: list = []
         keep: list | None = [] if a.rounds else None
         try:
-            r = ablation.run_row(a, spec, list(PASSES), weights, device, Path(tmp.name), f"v{i}", bw,
-                                 overrides=over, prefill=a.prefill, options=options, outputs=outs, keep=keep)
+            passes = [p for p in PASSES if p not in options.get("disable", [])]
+            compile_opts = {k: v for k, v in options.items() if k != "disable"}
+            r = ablation.run_row(a, spec, passes, weights, device, Path(tmp.name), f"v{i}", bw,
+                                 overrides=over, prefill=a.prefill, options=compile_opts, outputs=outs, keep=keep)
             reference = outs if reference is None else reference
             r["decode"]["logits"] = compare_logits(outs, reference)
         except Exception as e:  # one failing variant must not lose the others' numbers

@@ -62,12 +62,12 @@ def test_plan_prefetches_the_weights_after_each_latency_bound_op(full_tp8):
         total = sum(later[a] for a in ln.args)
         assert MIN_BYTES <= total <= 24 << 20
     by_layer = {(node.layer, node.op): ln.args for _, node, ln in pf}
-    att = by_layer[(7, "qk_attention")]
+    att = by_layer[(7, "qk_attention_linear")]  # (sliding: its o_proj, read after the attention, first)
     assert att[0] == "model.layers.7.self_attn.o_proj.weight" and "model.layers.7.mlp.gate.weight" in att
     moe = by_layer[(7, "moe_experts")]
     assert moe[-1] == "model.layers.8.self_attn.qkvg_proj.weight"
     assert (51, "moe_experts") not in by_layer  # (after the last layer: the lm_head's 194 MB do not fit)
-    assert by_layer[(0, "qk_attention")] == ("model.layers.0.self_attn.o_proj.weight",
+    assert by_layer[(0, "qk_attention_linear")] == ("model.layers.0.self_attn.o_proj.weight",
                                              "model.layers.0.post_attention_layernorm.weight",
                                              "model.layers.0.pre_feedforward_layernorm.weight")
     assert _prefetches(pkg, "prefill") == []
@@ -80,7 +80,7 @@ def test_plan_budget_and_off(full_tp8):
     weight, 7.5 MiB, then nothing after the router's 5 MiB); 0 is off (the step as without the option); fp32
     packages (the CPU interpreter) never prefetch; a negative budget is an error naming the flag."""
     small = compile_package(full_tp8, tp=8, passes=ALL, l2_prefetch_mb=8)
-    att = [ln.args for _, node, ln in _prefetches(small) if node.op == "qk_attention" and node.layer == 7]
+    att = [ln.args for _, node, ln in _prefetches(small) if node.op == "qk_attention_linear" and node.layer == 7]
     assert att == [("model.layers.7.self_attn.o_proj.weight", "model.layers.7.post_attention_layernorm.weight",
                     "model.layers.7.pre_feedforward_layernorm.weight")]
     moe = [ln.args for _, node, ln in _prefetches(small) if node.op == "moe_experts"]
@@ -144,14 +144,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from beamc.codegen.kernel import KernelSpec, load_kernel
-for c in ({}, {"BULK": False}, {"EVICT_LAST": True},
-          {"EXPERTS": True, "E": 256, "PF_BYTES": (1638400, 204800, 819200, 102400)},
-          {"EXPERTS": True, "E": 256, "PF_BYTES": (1638400, 204800, 819200, 102400), "DOWN": True}):
+for c in ({}, {"BULK": False}, {"EVICT_LAST": True}):
     mod = load_kernel(KernelSpec("l2_prefetch", "l2_prefetch", c))
-    if mod.EXPERTS:  # (its arguments: pointers only)
-        sig = dict(mod.SIGNATURE)
-    else:
-        sig = dict(mod.SIGNATURE, a1="i32", a2="i32", a3="i32", n0="i32", n1="i32", n2="i32", n3="i32")
+    sig = dict(mod.SIGNATURE, a1="i32", a2="i32", a3="i32", n0="i32", n1="i32", n2="i32", n3="i32")
     for arch in (90, 100):
         src = ASTSource(fn=mod.kernel, signature=sig, constexprs=mod.CONSTEXPRS)
         assert triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(mod.OPTIONS)).asm["cubin"]
@@ -166,70 +161,3 @@ def test_kernel_compiles_as_the_jit_types_a_launch():
     r = subprocess.run([sys.executable, "-c", _JIT_TYPES], env={**os.environ, "TRITON_INTERPRET": "0"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
-
-
-def test_expert_plan_follows_each_decode_router_feeding_nvfp4_experts(full_tp8):
-    """`--set l2_prefetch.EXPERTS=true`: right after each decode router launch whose ids an NVFP4 moe_experts reads,
-    one EXPERTS prefetch naming those ids and that layer's gate_up and down codes and block scales (with their bytes
-    per expert as PF_BYTES), and one join at the end; prefill steps and the default package have none; the
-    byte-budget plan's kernels stay the plain render beside it; DOWN is a `--set` too."""
-    pkg = compile_package(full_tp8, tp=8, passes=ALL, template_overrides={"l2_prefetch": {"EXPERTS": True}})
-    lns = pkg.steps["decode"].launches
-    pf = _prefetches(pkg)
-    assert [i for i, _, ln in pf if ln.args == ()] == [len(lns) - 1]
-    pf = [p for p in pf if p[2].args]
-    assert len(pf) == 49
-    for i, node, ln in pf:
-        assert node.op == "moe_router" and lns[i - 1][0] is node
-        experts = next(n for n in pkg.steps["decode"].graph.nodes
-                       if n.op == "moe_experts" and n.inputs[1] is node.outputs[1])
-        ws = [experts.inputs[k] for k in (2, 3, 5, 6)]
-        assert ln.args == (node.outputs[1].name, *(w.name for w in ws))
-        c = ln.kernel.constants
-        assert c["EXPERTS"] and c["E"] == ws[0].shape[0] == 256 and "DOWN" not in c
-        assert [b * c["E"] for b in c["PF_BYTES"]] == [math.prod(w.shape) for w in ws]  # (e2m1x2, e4m3: a byte each)
-    assert _prefetches(pkg, "prefill") == []
-    assert _prefetches(compile_package(full_tp8, tp=8, passes=ALL)) == []
-    both = compile_package(full_tp8, tp=8, passes=ALL, l2_prefetch_mb=24,
-                           template_overrides={"l2_prefetch": {"EXPERTS": True, "DOWN": True}})
-    kinds = {(bool(ln.kernel.constants.get("EXPERTS")), bool(ln.kernel.constants.get("DOWN")))
-             for _, _, ln in _prefetches(both) if ln.args}
-    assert kinds == {(True, True), (False, False)}
-    step = render_steps(pkg)
-    assert step.count("K['l2_prefetch_") >= 50
-
-
-_LINES = r"""
-import json, sys, torch
-from beamc.codegen.kernel import KernelSpec, load_kernel
-out = []
-for E, nb, progs, down in ((5, (1000, 130, 520, 70), 3, False), (5, (1000, 130, 520, 70), 2, True),
-                           (256, (1638400, 204800, 819200, 102400), 16, True)):
-    mod = load_kernel(KernelSpec("l2_prefetch", "l2_prefetch", dict(EXPERTS=True, E=E, PF_BYTES=nb, XPROGS=progs,
-                                                                     DOWN=down)))
-    ws = [torch.zeros(E, n, dtype=torch.uint8) for n in nb]
-    ids = torch.tensor([[3, 0, E - 1, 3], [-1, E, 1, 2]], dtype=torch.int64)  # a repeat, and two ids out of range
-    got = mod.lines(ids, *ws)
-    try:
-        mod.lines(ids, ws[0][:, :-1], *ws[1:])
-        verdict = "taken"
-    except AssertionError:
-        verdict = "refused"
-    out.append([E, nb, down, got, verdict])
-json.dump(out, sys.stdout)
-"""
-
-
-def test_expert_kernel_prefetches_the_chosen_experts_lines():
-    """Under the interpreter: the EXPERTS kernel asks for every 128-byte line of each valid id's gate_up codes and
-    block scales (DOWN: and down codes and block scales; a repeated id twice), none of an id out of range, and
-    nothing past an expert's bytes; a tensor of the wrong size is refused."""
-    r = subprocess.run([sys.executable, "-c", _LINES], env={**os.environ, "TRITON_INTERPRET": "1"},
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    for E, nb, down, got, verdict in json.loads(r.stdout):
-        valid = [3, 0, E - 1, 3, 1, 2]
-        assert len(got) == (4 if down else 2)
-        for n, lines in zip(nb, got):
-            assert lines == sorted(e * n + o for e in valid for o in range(0, n, 128)), (E, n)
-        assert verdict == "refused"

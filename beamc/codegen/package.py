@@ -21,7 +21,6 @@ from beamc.codegen.emitters import Launch, named_params
 from beamc.codegen.kernel import KernelSpec, TEMPLATES
 from beamc.codegen.overrides import unused as unused_overrides
 from beamc.codegen.overrides import validate as validate_overrides
-from beamc.codegen.prefetch import expert_plan
 from beamc.codegen.prefetch import plan as prefetch_plan
 from beamc.codegen.registry import Context, launches
 from beamc.compiler import compile_spec
@@ -357,7 +356,6 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
         if phase == "decode" and ctx.dtype != "f32":  # (the CPU interpreter's fp32 packages have no L2 to fill)
             st.launches = prefetch_plan(st.launches, g, l2_prefetch_mb, template_overrides.get("l2_prefetch"),
                                         overrides_from)
-            st.launches = expert_plan(st.launches, g, template_overrides.get("l2_prefetch"), overrides_from)
         for _, ln in st.launches:
             if ln.kernel is not None:
                 kernels.setdefault(ln.kernel.name, ln.kernel)

@@ -13,11 +13,6 @@ Measured on the H200 (2026-12-01, docs/perf-log.md): correct (graph-captured as 
 but no faster: the TP-8 decode step 2.821 ms with 24 MB against 2.811 / 2.804 without, no op's span moved; alone, a
 GEMV after a prefetch ran 7.7 us against 9.4 from DRAM and 5.4 after a GEMV had read the same weights. Off by default
 (`package.L2_PREFETCH_MB`); kept for other budgets, targets and GPUs (`--l2-prefetch-mb`, `bench/variants.py`).
-
-`expert_plan` (`--set l2_prefetch.EXPERTS=true`): after each decode router whose ids an NVFP4 moe_experts reads, one
-launch of the kernel's EXPERTS render on the same side stream, which reads those ids and prefetches the chosen
-experts' gate_up weights (`l2_prefetch.DOWN`: and down weights) beside the MoE's stage 0 (the one weight stream of
-the step whose addresses are not known before its kernel's wait). Schedule only, likewise.
 """
 from __future__ import annotations
 
@@ -29,15 +24,22 @@ from beamc.codegen.overrides import pin
 from beamc.ir.dtypes import nbytes
 from beamc.ir.graph import Graph
 
-HIDE_OPS = ("qk_attention", "attention", "attention_gate", "moe_experts")
+HIDE_OPS = ("qk_attention", "qk_attention_linear", "attention", "attention_gate", "moe_experts")
 MIN_BYTES = 1 << 20  # below this a prefetch is not worth its launch
-EXPERT_OPTIONS = ("EXPERTS", "DOWN", "XPROGS")  # the l2_prefetch options of the expert plan's render only
+
+
+# fused ops whose last launch reads a weight after their latency-bound part (qk_attention_linear: the o_proj GEMV's
+# weight, input -1, read by its stage 2 after the attention's stage 0): that weight comes first in the plan
+READ_AFTER = {"qk_attention_linear": -1}
 
 
 def _weights_after(launches: list, i: int):
     """(IR value name, bytes) of the params the launches after launch i's op read, in launch order, up to the next
-    latency-bound op."""
+    latency-bound op (first, a fused op's own weight that it reads after its latency-bound part: READ_AFTER)."""
     hidden = launches[i][0]
+    if hidden.op in READ_AFTER:
+        v = hidden.inputs[READ_AFTER[hidden.op]]
+        yield v.name, int(math.prod(v.shape) * nbytes(v.dtype))
     for node, ln in launches[i:]:
         if node is hidden:
             continue
@@ -45,36 +47,6 @@ def _weights_after(launches: list, i: int):
             return
         for v in named_params(node, ln):
             yield v.name, int(math.prod(v.shape) * nbytes(v.dtype))
-
-
-def expert_plan(launches: list, g: Graph, pinned: dict | None = None, where: str = "--set") -> list:
-    """The step's (node, launch) list with an EXPERTS prefetch after each router launch that feeds NVFP4 experts
-    (and a join at the end), when `pinned` (the l2_prefetch template's `--set` overrides) has EXPERTS; else
-    unchanged."""
-    if not (pinned or {}).get("EXPERTS"):
-        return launches
-    out, spec = [], None
-    for node, ln in launches:
-        out.append((node, ln))
-        experts = _nvfp4_experts_of(node, g) if node.op == "moe_router" else None
-        if experts is None:
-            continue
-        ws = [experts.inputs[i] for i in (2, 3, 5, 6)]  # gate_up codes, block scales; down codes, block scales
-        spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", dict(
-            EXPERTS=True, E=int(ws[0].shape[0]),
-            PF_BYTES=tuple(int(math.prod(w.shape[1:]) * nbytes(w.dtype)) for w in ws)),
-            {k: v for k, v in pinned.items() if k != "EXPERTS"}, where))  # (its other options pinned as given)
-        out.append((node, Launch((node.outputs[1].name, *(w.name for w in ws)), kernel=spec)))
-    if spec is not None:
-        out.append((launches[-1][0], Launch((), kernel=spec)))  # the join: the side stream rejoins the step's stream
-    return out
-
-
-def _nvfp4_experts_of(router, g: Graph):
-    """The NVFP4 moe_experts node that reads this router's expert ids, if any."""
-    ids = router.outputs[1]
-    return next((n for n in g.nodes if n.op == "moe_experts" and n.attrs.get("format") == "nvfp4"
-                 and len(n.inputs) > 1 and n.inputs[1] is ids), None)
 
 
 def plan(launches: list, g: Graph, budget_mb: int, pinned: dict | None = None, where: str = "--set") -> list:
@@ -97,8 +69,7 @@ def plan(launches: list, g: Graph, budget_mb: int, pinned: dict | None = None, w
             inserts[i] = tuple(names)
     if not inserts:
         return launches
-    pinned = {k: v for k, v in (pinned or {}).items() if k not in EXPERT_OPTIONS}  # (expert_plan's render's)
-    spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", {}, pinned, where))
+    spec = KernelSpec("l2_prefetch", "l2_prefetch", pin("l2_prefetch", {}, pinned or {}, where))
     out = []
     for i, item in enumerate(launches):
         if i in inserts:

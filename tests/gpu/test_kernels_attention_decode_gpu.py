@@ -379,3 +379,93 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     assert me_same, rec
     assert rec["graph_bitwise"], rec
     assert cache != "f8e4m3" or (rec["f16_rel_err"] < 1e-2 and rec["f16_graph_bitwise"]), rec
+
+
+# ---------------------------------------------------------------- O_PROJ (the attention_o_proj pass)
+@pytest.mark.parametrize("cache", ["bf16", "f8e4m3"])
+@pytest.mark.parametrize("ctx", [[1, 300, 511, 512, 513, 5000], [4096], [1]])
+def test_o_proj_render_equals_qkn_then_gemv(ctx, cache, kdir, summary):
+    """O_PROJ (IR op qk_attention_linear: the sliding layer's split merge in every program of the o_proj GEMV) against
+    the launches it replaces (the QKN render with its merge, then the o_proj gemv), bf16 at the TP-8 shapes (6 heads,
+    o_proj 5120 x 768) with the spec's constants and the emitter's tiles, one token per sequence: the cache rows
+    written bitwise the same (the same stage 0), y within 1e-2 of theirs and of the fp32 reference (qk_attention then
+    linear in fp32 over the rows as written); a CUDA-graph replay equal to an eager launch bit for bit; both forms
+    timed in graphs (the pass's effect per sliding layer), and O_PROJ's row tiles 16 x 4 warps and 64 x 8 beside
+    the default 32 x 8."""
+    from test_kernels_attention_decode import poison_token_rows, qkn_constants, qkn_inputs
+    from beamc.codegen.emitters import attention_dot
+    from beamc.ir.reference import REFS, cache_rows, kv_load, qk_norm_pos_kv_ref
+    spec = load_spec(ROOT / "models/beam.yaml")
+    a_spec = spec.attention
+    base = dict(_constants("sliding", cache), GATE=True, **attention_dot(cache, "bf16"))
+    c = qkn_constants(base, "rope")
+    c.update(EPS=a_spec.qk_norm.eps, THETA=a_spec.sliding.rope.theta)
+    n_o, k_o = spec.hidden_size, c["HQ"] * c["HEAD_DIM"]
+    qkn = load_kernel(KernelSpec(TEMPLATE, "qk_attention", c), kdir)
+    fused = load_kernel(KernelSpec(TEMPLATE, "qk_attention_linear", dict(c, O_PROJ=True, N_O=n_o)), kdir)
+    gemv = load_kernel(KernelSpec("gemv", "linear", dict(DTYPE="bf16", PDL=True, EPILOGUE="none", K=k_o, N=n_o)),
+                       kdir)
+    case = _inputs(c, ctx, 1, seed=sum(ctx) + 5)
+    poison_token_rows(c, case)
+    _, kc, vc, slot, pos, *extras = case["args"]
+    x = qkn_inputs(c, case, seed=len(ctx) + 7, device="cuda")
+    T, hq, d = x["raw"][0].shape
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    g = torch.randn(T, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n_o, k_o, device="cuda", generator=gen) * k_o ** -0.5).to(torch.bfloat16)
+    kc2, vc2, kc1, vc1 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    att = torch.full_like(x["raw"][0], float("nan"))
+    y2 = torch.full((T, n_o), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y1 = torch.full_like(y2, float("nan"))
+
+    def two():
+        qkn.launch(*x["raw"], *x["w"], kc2, vc2, slot, pos, *extras, g, b, att)
+        gemv.launch(att.view(T, k_o), w, y2)
+
+    def one():
+        fused.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, g, b, w, y1)
+
+    two()
+    one()
+    torch.cuda.synchronize()
+    assert not y1.isnan().any(), (ctx, cache)
+    rows = cache_rows(kc, slot, pos, extras[0] if c["PAGED"] else None)
+    same_rows = torch.equal(kc1.view(torch.uint8), kc2.view(torch.uint8)) and torch.equal(
+        vc1.view(torch.uint8), vc2.view(torch.uint8))
+    scales = extras[-2:] if cache == "f8e4m3" else (None, None)
+    deq = [kv_load(t, s) for t, s in ((kc1, scales[0]), (vc1, scales[1]))]
+    a = dict(x["attrs"], gate=True)
+    f32 = [t.float() for t in x["raw"] + x["w"]]
+    qn = qk_norm_pos_kv_ref(*f32, deq[0].clone(), deq[1].clone(), slot, pos, a=a)[0]
+    o = REFS["attention_gate"]([qn, deq[0], deq[1], slot, pos, g.float(), b.float()], a)[0]
+    want = o.reshape(T, k_o) @ w.float().t()
+    err, err_two = _norm_rel(y1, want), _norm_rel(y1, y2)
+    bitwise_two = (y1 == y2).float().mean().item()
+    graph = captured_graph(one)
+    y1.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    graphed = y1.clone()
+    one()
+    torch.cuda.synchronize()
+    rec = dict(ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, equal_to_two_launches=bitwise_two,
+               cache_rows_bitwise=same_rows, graph_bitwise=torch.equal(graphed, y1), rows_written=int(rows[0].numel()))
+    if len(ctx) == 1:
+        rec.update(us_qkn_then_gemv=_graph_us(two), us_o_proj=_graph_us(one))
+        for rows_o, warps in ((16, 4), (64, 8)):
+            alt = load_kernel(KernelSpec(TEMPLATE, "qk_attention_linear", dict(
+                c, O_PROJ=True, N_O=n_o, O_ROWS=rows_o, O_WARPS=warps)), kdir)
+            ya = torch.full_like(y1, float("nan"))
+
+            def run_alt(alt=alt, ya=ya):
+                alt.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, g, b, w, ya)
+
+            run_alt()
+            torch.cuda.synchronize()
+            rec[f"rel_err_rows{rows_o}"] = _norm_rel(ya, want)
+            rec[f"us_o_proj_rows{rows_o}_w{warps}"] = _graph_us(run_alt)
+    print(f"o_proj {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items() if isinstance(v, float)))
+    summary.setdefault("o_proj", []).append(rec)
+    assert err < 1e-2 and err_two < 1e-2 and same_rows and rec["graph_bitwise"], rec
+    assert all(v < 1e-2 for k, v in rec.items() if k.startswith("rel_err_rows")), rec
