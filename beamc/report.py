@@ -126,8 +126,6 @@ WHY = {
     "attention_gate": "reads the layer's KV cache (ring or full), the output gate in its epilogue: one kernel",
     "qk_attention": "decode: q/k norms, RoPE or SSMax and the K/V cache write in the attention kernel's prologue, "
                     "the output gate in its epilogue: one kernel",
-    "qk_attention_linear": "decode, sliding layers: qk_attention, then o_proj, whose GEMV programs merge the "
-                           "attention's split states themselves: two launches",
     "moe_router": "fp32 router GEMM + grouped top-k selection in one kernel",
     "moe_experts": "the chosen experts' NVFP4 GEMMs gate_up -> SwiGLU -> down (grouped over experts)",
     "gate_up_swiglu": "gate and up GEMMs with the fp32 SwiGLU epilogue",
@@ -153,7 +151,7 @@ def pass_report(spec: ModelSpec, g: Graph, rep) -> str:
     lines = [f"ops left in MoE layer {moe} ({layer_kind(spec, moe)}), batch-1 decode, rank {g.meta['rank']} of "
              f"{g.meta['tp']}, in launch order: {len(nodes)} ops"]
     for i, n in enumerate(nodes, 1):
-        lines.append(f"  {i:2d}. {n.op:<19} {_describe(n)}")
+        lines.append(f"  {i:2d}. {n.op:<15} {_describe(n)}")
     lines += weight_plan(g)
     kinds = list(dict.fromkeys(g.meta["layer_kinds"]))
     lines.append("ops per layer, by layer kind, after each pass (views excluded):")

@@ -1,7 +1,7 @@
 """Template variants in the whole step: batch-1 decode (and optionally the prefill) of one TP-8 rank's share of Beam,
 every pass on, for packages that differ only in template constants (`beamc compile --set TEMPLATE.CONSTANT=VALUE`)
 or compile options (`compile.NAME=VALUE`: COMPILE_OPTIONS, `compile_package`'s keywords), or leave a fusion pass out
-(`pass.NAME=false`: the package without that pass, e.g. `--variant unfused=pass.attention_o_proj=false`).
+(`pass.NAME=false`: the package without that pass, e.g. `--variant unfused=pass.qk_attention=false`).
 
     python bench/variants.py --out $OUT --variant kv_tiles=attention_decode.KV_TILES=true \\
         --variant w8=attention_decode.NUM_WARPS=8,attention_decode.BLOCK_N=128 \\

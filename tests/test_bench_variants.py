@@ -15,10 +15,10 @@ def test_a_variant_is_a_label_and_checked_overrides():
     assert label == "w8" and over == {"attention_decode": {"NUM_WARPS": 8, "KV_TILES": True}} and opts == {}
     assert variants.parse_variant("ungated=compile.prefill_attention_gate=false") == (
         "ungated", {}, {"prefill_attention_gate": False})
-    assert variants.parse_variant("unfused=pass.attention_o_proj=false,attention_decode.O_ROWS=16") == (
-        "unfused", {"attention_decode": {"O_ROWS": 16}}, {"disable": ["attention_o_proj"]})
+    assert variants.parse_variant("unfused=pass.qk_attention=false,attention_decode.NUM_WARPS=8") == (
+        "unfused", {"attention_decode": {"NUM_WARPS": 8}}, {"disable": ["qk_attention"]})  # (a pass left out)
     for bad in ("attention_decode.NUM_WARPS=8", "w8", "w8=attention_decode.WARPS=8", "w8=nothing.X=1",
-                "x=pass.nothing=false", "x=pass.attention_o_proj=true",
+                "x=pass.nothing=false", "x=pass.qk_attention=true",
                 "x=compile.passes=none", "x=compile.moe_dequant=", "x=compile.prefill_attention_gate=maybe",
                 "x=compile.moe_combine_max_tokens=true", "x=compile.attention_mirror_pages=2.5"):
         with pytest.raises(SystemExit):

@@ -223,7 +223,7 @@ def test_compile_plans_without_torch(tmp_path):
         f"sys.exit(main(['compile', {str(root / 'models/beam.yaml')!r}, '--tp', '8', '--report']))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "in launch order: 6 ops" in r.stdout  # (the gate in attention, the norms too, attention + o_proj one op)
+    assert "in launch order: 7 ops" in r.stdout  # (attention_gate: the gate in attention; qk_attention: the norms)
 
 
 def test_logits_refuses_a_batch_longer_than_the_spec_allows(tmp_path, capsys):

@@ -290,19 +290,6 @@ QKN_CASES = {
     "qkn-paged-p4-ssmax-pdl-merge-late": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
                                                                   BLOCK_N=16, PDL=True), "ssmax", MERGE_EARLY=False),
                                           [(0, [122]), (1, [0]), (2, [48])], None, (1, 4)),
-    # O_PROJ (IR op qk_attention_linear): no stage 1, the merge in every program of the o_proj GEMV (stage 2): the TP-8
-    # group (6 heads, head dim 24: padded tiles), gated, 40 output rows over row blocks of 32 (a masked tail), split
-    # counts 1 (raised to 2) to 3; fp8 caches with PDL (the weights and biases loaded before the wait), blocks of 16
-    # rows; ungated, context 1 and a window of 5 in one block
-    "qkn-ring-w40-g6-d24-oproj": (qkn_constants(constants(hq=6, hkv=1, d=24, window=40, dtype="f32", cache="f32",
-                                                          BLOCK_N=16, GATE=True), "rope", O_PROJ=True, N_O=40), [(0, [90]), (1, [20]), (2, [41])], 44, (1, 2, 3)),
-    "qkn-fp8-ring-rope-gate-oproj-pdl": (qkn_constants(constants(hq=4, hkv=2, d=32, window=40, dtype="f32",
-                                                                 cache="f8e4m3", BLOCK_N=16, GATE=True, PDL=True),
-                                                       "rope", O_PROJ=True, N_O=24, O_ROWS=16),
-                                         [(0, [98]), (1, [7]), (2, [30])], 43, (3,)),
-    "qkn-ring-w5-rope-oproj": (qkn_constants(constants(**TINY, window=5, dtype="f32", cache="f32", BLOCK_N=16),
-                                             "rope", O_PROJ=True, N_O=20, O_ROWS=8),
-                               [(0, [17]), (1, [3]), (2, [0])], 8, ()),
 }
 
 
@@ -319,17 +306,14 @@ def check_qkn_case(name: str, directory: Path) -> list[dict]:
     if a["gate"]:
         gen = torch.Generator().manual_seed(len(name))
         gate = [torch.randn(case["T"], c["HQ"], c["HEAD_DIM"], generator=gen), torch.randn(c["HQ"], 1, generator=gen)]
-    w_o = []  # O_PROJ: the o_proj weight after the gate
-    if c.get("O_PROJ"):
-        w_o = [torch.randn(c["N_O"], c["HQ"] * c["HEAD_DIM"], generator=torch.Generator().manual_seed(3)) * 0.1]
-    want, kc_ref, vc_ref = REFS["qk_attention_linear" if w_o else "qk_attention"](
-        [*x["raw"], *x["w"], kc.clone(), vc.clone(), slot, pos, *extras, *gate, *w_o], a)
+    want, kc_ref, vc_ref = REFS["qk_attention"]([*x["raw"], *x["w"], kc.clone(), vc.clone(), slot, pos, *extras,
+                                                 *gate], a)
     rows = cache_rows(kc, slot, pos, extras[0] if c["PAGED"] else None)
     out = []
     for splits in (None, *forced):
         kc1, vc1 = kc.clone(), vc.clone()
         got = torch.full_like(want, float("nan"))
-        mod.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, *gate, *w_o, got, splits=splits)
+        mod.launch(*x["raw"], *x["w"], kc1, vc1, slot, pos, *extras, *gate, got, splits=splits)
         others = torch.ones(kc.shape[:2], dtype=torch.bool)
         others[rows] = False
         untouched = all(torch.equal(y.view(torch.uint8)[others], z.view(torch.uint8)[others])
@@ -341,8 +325,6 @@ def check_qkn_case(name: str, directory: Path) -> list[dict]:
                 assert bad.float().mean() < 0.1 and torch.equal(y.float()[bad] * 2, r.float()[bad]), name
             want = REFS["attention_gate" if a["gate"] else "attention"](
                 [_qn(x, kc, vc, slot, pos, extras, a), kc1, vc1, slot, pos, *extras, *gate], a)[0]
-            if w_o:
-                want = REFS["linear"]([want.reshape(want.shape[0], -1), w_o[0]], a)[0]
             cache_err = 0.0
         else:
             cache_err = max(rel_err(kc1[rows], kc_ref[rows]), rel_err(vc1[rows], vc_ref[rows]))
@@ -531,53 +513,3 @@ def test_split_rule(kdir):
         for m in (16, 4096, 10**6):
             assert full.scratch_numel(T) >= full.scratch_numel(T, full.num_splits(T, m))
         assert full.num_splits(T, 10**6) * T * full.HKV >= min(full.TARGET_PROGRAMS, T * full.MAX_SPLITS)
-
-
-def _o_proj_compile(args) -> dict:
-    cache, arch, which, directory = args
-    os.environ.pop("TRITON_INTERPRET", None)
-    from beamc.codegen.emitters import attention_dot
-    from beamc.codegen.kernel import launch_options
-    from beamc.spec import load_spec
-
-    full = load_spec(ROOT / "models/beam.yaml")
-    c = qkn_constants(spec_constants(full, 8, "sliding", "bf16", cache, 16, GATE=True, BLOCK_N=32,
-                                     **attention_dot(cache, "bf16")), "rope", O_PROJ=True, N_O=full.hidden_size)
-    mod = load_kernel(KernelSpec(TEMPLATE, "qk_attention_linear", c), directory)
-    ck = aot_compile(mod, arch, launch_options(mod)[which])
-    ptx = ck.asm["ptx"]
-    return dict(cache=cache, arch=arch, which=which, cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
-                target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
-                local=bool(re.search(r"\.local\b", ptx)), **pdl_facts(ptx))
-
-
-def test_o_proj_render_compiles_and_keeps_the_contract(tmp_path):
-    """O_PROJ (IR op qk_attention_linear) at the TP-8 sliding shapes as the emitter renders it (bf16 and fp8 caches,
-    o_proj 5120 x 768): the module keeps the contract (two option sets: stage 0's, and stage 2's own binary with
-    O_STAGE and O_WARPS warps; the launcher takes w and y instead of out); both binaries compile for sm_90a (and the
-    fp8 render for sm_100a): stage 0 with its tensor-core products and stage 1's trigger / wait facts as before,
-    stage 2 with no MMA, no local memory, one trigger first, one wait with the weight loads before it and no store."""
-    from beamc.codegen.emitters import attention_dot
-    from beamc.spec import load_spec
-
-    full = load_spec(ROOT / "models/beam.yaml")
-    c = qkn_constants(spec_constants(full, 8, "sliding", "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32,
-                                     **attention_dot("f8e4m3", "bf16")), "rope", O_PROJ=True, N_O=full.hidden_size)
-    mod = load_kernel(KernelSpec(TEMPLATE, "qk_attention_linear", c), tmp_path / "k")
-    assert_template_contract(mod)
-    assert list(inspect.signature(mod.launch).parameters)[-4:] == ["w", "y", "scratch", "splits"]
-    assert [o.get("num_warps") for o in mod.LAUNCH_OPTIONS] == [mod.NUM_WARPS, mod.O_WARPS]
-    assert mod.LAUNCH_OPTIONS[1]["constexprs"] == dict(O_STAGE=True) and mod.SPL_P == 16 and mod.O_ROWS == 32
-    jobs = [(cache, arch, which, str(tmp_path / f"sm{arch}")) for cache, arch in (("bf16", 90), ("f8e4m3", 90),
-                                                                                  ("f8e4m3", 100)) for which in (0, 1)]
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(_o_proj_compile, jobs))
-    for r in results:
-        assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT and not r["ftz"], r
-        assert not any(r["stores_before_wait"]), r
-        if r["which"] == 0:  # stage 0 (and the merge, never launched here): as the QKN render
-            assert r["mma"] and r["launch_dependents"] == 2, r
-        else:  # stage 2: the merge and the GEMV on CUDA cores, its weight rows loaded before its one wait
-            assert not r["mma"] and not r["local"] and r["waits"] == 1, r
-            assert r["launch_dependents"] == 1 and r["launch_dependents_first"], r
-            assert max(r["loads_before_wait"]) >= 6, r  # (a load per head's tile at least)

@@ -77,7 +77,6 @@ def test_match_counts_on_the_full_model_at_tp8(full_tp8):
     assert rep.matches("fold_small") == 2
     assert rep.matches("attention_gate") == 52
     assert rep.matches("qk_attention") == 52
-    assert rep.matches("attention_o_proj") == 43  # the sliding layers
 
 
 def test_op_counts_before_and_after(full_tp8):
@@ -85,19 +84,16 @@ def test_op_counts_before_and_after(full_tp8):
     after = Counter(n.op for n in g.compute_nodes())
     assert before["rmsnorm"] == 6 * 52 + 1 and after["rmsnorm"] == 0
     assert before["all_reduce"] == 104 and after["all_reduce"] == 0
-    assert after["boundary"] == 104 and after["qk_attention"] == 9 and after["moe_experts"] == 49
-    assert after["qk_attention_linear"] == 43  # the sliding layers' attention and o_proj
+    assert after["boundary"] == 104 and after["qk_attention"] == 52 and after["moe_experts"] == 49
     assert after["attention"] == 0 and after["sigmoid_gate"] == 0  # the gate in attention's epilogue
     assert after["attention_gate"] == 0 and after["qk_norm_pos_kv"] == 0  # the norms in its prologue (decode)
-    assert before["linear"] == 5 * 52 + 3 * 3 + 1 and after["linear"] == 9 + 3  # full o_proj, dense down_proj
+    assert before["linear"] == 5 * 52 + 3 * 3 + 1 and after["linear"] == 52 + 3  # o_proj, dense down_proj
     assert rep.ops_after["input"]["sliding+sparse"] == 31
     assert all(n < 13 for n in rep.ops_after["fold_small"].values())  # the seed had 13 per MoE layer
     assert all(rep.ops_after["attention_gate"][k] == n - 1 for k, n in rep.ops_after["fold_small"].items()
                if k != "head")  # one op less in every layer
     assert all(rep.ops_after["qk_attention"][k] == n - 1 for k, n in rep.ops_after["combine_experts"].items()
                if k != "head")  # and one more: 7 per layer
-    assert all(rep.ops_after["attention_o_proj"][k] == n - (k.startswith("sliding")) for k, n in
-               rep.ops_after["qk_attention"].items() if k != "head")  # and the sliding layers one more: 6
 
 
 def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
@@ -113,18 +109,15 @@ def test_passes_are_idempotent_and_keep_graphs_verified(tiny_spec):
 def test_every_subset_of_passes_gives_a_verified_graph(tiny_spec):
     """All 2^9 subsets of the first nine passes on the decode graph at TP 2 (run_passes verifies after every pass),
     every second one (by the itertools order) with the tenth, combine_experts, which builds on allreduce_norm's
-    boundaries, every other pair with the eleventh, qk_attention, which builds on kv_write, and every other four with
-    the twelfth, attention_o_proj, which builds on qk_attention (so each both with and without what it builds on:
-    2^9 runs, not 2^12, for the test's time); a sample on prefill, whose graph differs only in the names of its
-    symbolic dims (and where qk_attention and attention_o_proj match nothing)."""
-    later = ("combine_experts", "qk_attention", "attention_o_proj")
+    boundaries, and every other pair with the eleventh, qk_attention, which builds on kv_write (so each both with
+    and without what it builds on: 2^9 runs, not 2^11, for the test's time); a sample on prefill, whose graph
+    differs only in the names of its symbolic dims (and where qk_attention matches nothing)."""
+    later = ("combine_experts", "qk_attention")
     first = [p for p in ALL if p not in later]
     subsets = [list(c) + (["combine_experts"] if i % 2 else []) + (["qk_attention"] if i // 2 % 2 else [])
-               + (["attention_o_proj"] if i // 4 % 2 else [])
                for i, c in enumerate(c for r in range(len(first) + 1) for c in itertools.combinations(first, r))]
-    assert len(subsets) == 2 ** len(first) and len(ALL) == len(first) + 3
-    for base, later_pass in (("allreduce_norm", "combine_experts"), ("kv_write", "qk_attention"),
-                             ("qk_attention", "attention_o_proj")):
+    assert len(subsets) == 2 ** len(first) and len(ALL) == len(first) + 2
+    for base, later_pass in (("allreduce_norm", "combine_experts"), ("kv_write", "qk_attention")):
         pairs = {(base in s, later_pass in s) for s in subsets}
         assert pairs == {(a, b) for a in (False, True) for b in (False, True)}
     for names in subsets:
@@ -241,43 +234,6 @@ def test_qk_attention_fuses_the_norms_into_decode_attention(tiny_spec, rank_weig
     qk = next(n for n in h.compute_nodes() if n.op == "qk_norm_pos_kv")
     h.outputs["extra_q"] = qk.outputs[0]
     assert run_passes([h], ["qk_attention"]).matches("qk_attention") == L - 1
-    for tp in (1, 2):
-        w = rank_weights[dtype, tp]
-        for x, y in zip(_run(tiny_spec, w, tp, dtype, before), _run(tiny_spec, w, tp, dtype, ALL)):
-            assert torch.equal(x, y)
-
-
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_attention_o_proj_fuses_the_sliding_attention_into_o_proj(tiny_spec, rank_weights, dtype):
-    """attention_o_proj (after qk_attention): in the decode graph every sliding layer's qk_attention, the reshape of
-    its heads and the o_proj linear become one qk_attention_linear (qk_attention's inputs then the weight, its
-    attributes, y [T, hidden] and the cache states); full layers keep theirs; nothing matches on the prefill graph,
-    without qk_attention, or when the attention output has another reader; idempotent; the interpretation bit for
-    bit the same as with the passes before it only (a prefill then decode steps, TP 1 and 2)."""
-    before = [p for p in ALL if p != "attention_o_proj"]
-    g = lower(tiny_spec, LowerOptions(phase="decode", tp=1))
-    run_passes([g], before)
-    ops0 = Counter(n.op for n in g.compute_nodes())
-    sliding = sum(1 for n in g.compute_nodes() if n.op == "qk_attention" and n.attrs.get("window"))
-    assert 0 < sliding < tiny_spec.num_layers  # (the tiny spec has both kinds)
-    rep = run_passes([g], ["attention_o_proj"])
-    ops1 = Counter(n.op for n in g.compute_nodes())
-    assert rep.matches("attention_o_proj") == sliding and ops1["qk_attention_linear"] == sliding
-    assert ops1["qk_attention"] == ops0["qk_attention"] - sliding and ops1["linear"] == ops0["linear"] - sliding
-    assert sum(ops1.values()) == sum(ops0.values()) - sliding  # (the reshape is not a compute op)
-    n = next(n for n in g.compute_nodes() if n.op == "qk_attention_linear")
-    assert n.attrs["window"] and n.attrs["gate"] and "scale" in n.attrs and "eps" in n.attrs
-    assert n.inputs[-1].name.endswith("o_proj.weight") and n.outputs[0].shape[-1] == tiny_spec.hidden_size
-    assert len(n.outputs) == 3 and set(g.state_out.values()) >= set(n.outputs[1:])
-    assert run_passes([g], ["attention_o_proj"]).matches("attention_o_proj") == 0  # idempotent
-    assert run_passes([lower(tiny_spec, LowerOptions(phase="prefill", tp=1))], ALL).matches("attention_o_proj") == 0
-    assert run_passes([lower(tiny_spec, LowerOptions(phase="decode", tp=1))],
-                      [p for p in ALL if p != "qk_attention"]).matches("attention_o_proj") == 0
-    h = lower(tiny_spec, LowerOptions(phase="decode", tp=1))  # an attention output with a second reader: refused
-    run_passes([h], before)
-    att = next(n for n in h.compute_nodes() if n.op == "qk_attention" and n.attrs.get("window"))
-    h.outputs["extra_attention_out"] = att.outputs[0]
-    assert run_passes([h], ["attention_o_proj"]).matches("attention_o_proj") == sliding - 1
     for tp in (1, 2):
         w = rank_weights[dtype, tp]
         for x, y in zip(_run(tiny_spec, w, tp, dtype, before), _run(tiny_spec, w, tp, dtype, ALL)):

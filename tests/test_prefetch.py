@@ -62,12 +62,12 @@ def test_plan_prefetches_the_weights_after_each_latency_bound_op(full_tp8):
         total = sum(later[a] for a in ln.args)
         assert MIN_BYTES <= total <= 24 << 20
     by_layer = {(node.layer, node.op): ln.args for _, node, ln in pf}
-    att = by_layer[(7, "qk_attention_linear")]  # (sliding: its o_proj, read after the attention, first)
+    att = by_layer[(7, "qk_attention")]
     assert att[0] == "model.layers.7.self_attn.o_proj.weight" and "model.layers.7.mlp.gate.weight" in att
     moe = by_layer[(7, "moe_experts")]
     assert moe[-1] == "model.layers.8.self_attn.qkvg_proj.weight"
     assert (51, "moe_experts") not in by_layer  # (after the last layer: the lm_head's 194 MB do not fit)
-    assert by_layer[(0, "qk_attention_linear")] == ("model.layers.0.self_attn.o_proj.weight",
+    assert by_layer[(0, "qk_attention")] == ("model.layers.0.self_attn.o_proj.weight",
                                              "model.layers.0.post_attention_layernorm.weight",
                                              "model.layers.0.pre_feedforward_layernorm.weight")
     assert _prefetches(pkg, "prefill") == []
@@ -80,7 +80,7 @@ def test_plan_budget_and_off(full_tp8):
     weight, 7.5 MiB, then nothing after the router's 5 MiB); 0 is off (the step as without the option); fp32
     packages (the CPU interpreter) never prefetch; a negative budget is an error naming the flag."""
     small = compile_package(full_tp8, tp=8, passes=ALL, l2_prefetch_mb=8)
-    att = [ln.args for _, node, ln in _prefetches(small) if node.op == "qk_attention_linear" and node.layer == 7]
+    att = [ln.args for _, node, ln in _prefetches(small) if node.op == "qk_attention" and node.layer == 7]
     assert att == [("model.layers.7.self_attn.o_proj.weight", "model.layers.7.post_attention_layernorm.weight",
                     "model.layers.7.pre_feedforward_layernorm.weight")]
     moe = [ln.args for _, node, ln in _prefetches(small) if node.op == "moe_experts"]

@@ -422,41 +422,6 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [into_scratch(first, s, q), from_scratch(second, s), *gate]
 
 
-# The attention_o_proj pass's op: every program of its o_proj GEMV merges all of the token's partial states (HQ x
-# splits x (D + 2) fp32, from L2), so the emitter renders the fused kernels (O_PROJ) only where they stay this small
-# (the TP-8 sliding layers: 6 x 16 x 130 x 4 = 50 KB per program of 32 weight rows); elsewhere, and above one token
-# (where the GEMV's tensor-core path reads each weight once for all tokens), the two ops' launches.
-O_PROJ_MAX_STATE_BYTES = 64 * 1024
-
-
-@emits("qk_attention_linear")
-def _qk_attention_linear(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    """The attention_o_proj pass's op: at one token of a decode step the QKN attention's O_PROJ render (stage 0, then
-    the split merge in every program of the o_proj GEMV: one launch and one round trip less than the two ops); at more
-    tokens, or where the merge would read too much per program, qk_attention into a scratch, then the linear."""
-    a = node.attrs
-    *att_ins, w = node.inputs
-    q, y = att_ins[0], node.outputs[0]
-    s = "scratch:attn_out"
-    o = Value(s, tuple(q.shape), q.dtype)
-    att = Node("qk_attention", att_ins, [o, *node.outputs[1:]], a, layer=node.layer)
-    lin = Node("linear", [o, w], [y], {}, layer=node.layer)
-    *first, last = _qk_attention(att, g, ctx)
-    separate = [*first, into_scratch(last, s, o)] + [from_scratch(ln, s) for ln in _linear(lin, g, ctx)]
-    gemv = next((ln for ln in separate if ln.kernel is not None and ln.kernel.template == "gemv"), None)
-    if g.meta["phase"] != "decode" or not a.get("window") or gemv is None or gemv.max_tokens is None:
-        return separate
-    fused = dataclasses.replace(last, args=io(node), kernel=KernelSpec("attention_decode", node.op, {
-        **last.kernel.constants, "O_PROJ": True, "N_O": w.shape[0]}), scratch=(), max_tokens=1)
-    c = fused.kernel.constants
-    block = c.get("WINDOW_BLOCK_N", c.get("BLOCK_N", 64))
-    splits = 1 << max(1, -(-a["window"] // block) - 1).bit_length()  # the template's SPL_P
-    if c["HQ"] * splits * (c["HEAD_DIM"] + 2) * 4 > O_PROJ_MAX_STATE_BYTES:
-        return separate
-    rest = [dataclasses.replace(ln, min_tokens=max(ln.min_tokens, 2)) for ln in separate]
-    return [fused] + [ln for ln in rest if ln.max_tokens is None or ln.max_tokens >= ln.min_tokens]
-
-
 @emits("all_reduce", "all_gather")
 def _collective(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [library(node, node.op, AR_PENDING)]

@@ -24,22 +24,14 @@ from beamc.codegen.overrides import pin
 from beamc.ir.dtypes import nbytes
 from beamc.ir.graph import Graph
 
-HIDE_OPS = ("qk_attention", "qk_attention_linear", "attention", "attention_gate", "moe_experts")
+HIDE_OPS = ("qk_attention", "attention", "attention_gate", "moe_experts")
 MIN_BYTES = 1 << 20  # below this a prefetch is not worth its launch
-
-
-# fused ops whose last launch reads a weight after their latency-bound part (qk_attention_linear: the o_proj GEMV's
-# weight, input -1, read by its stage 2 after the attention's stage 0): that weight comes first in the plan
-READ_AFTER = {"qk_attention_linear": -1}
 
 
 def _weights_after(launches: list, i: int):
     """(IR value name, bytes) of the params the launches after launch i's op read, in launch order, up to the next
-    latency-bound op (first, a fused op's own weight that it reads after its latency-bound part: READ_AFTER)."""
+    latency-bound op."""
     hidden = launches[i][0]
-    if hidden.op in READ_AFTER:
-        v = hidden.inputs[READ_AFTER[hidden.op]]
-        yield v.name, int(math.prod(v.shape) * nbytes(v.dtype))
     for node, ln in launches[i:]:
         if node is hidden:
             continue

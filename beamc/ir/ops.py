@@ -284,20 +284,6 @@ def _qk_attention_infer(ins, attrs) -> Types:
 register("qk_attention", _qk_attention_infer,
          "qk_norm_pos_kv then attention (gate: attention_gate) of a decode step: out, and K/V written into the "
          "layer's cache", state_io=((5, 1), (6, 2)))
-
-
-def _qk_attention_linear_infer(ins, attrs) -> Types:
-    *att, w = ins
-    out, kc, vc = _qk_attention_infer(att, attrs)
-    (t, heads, d), dt = out
-    _check(isinstance(heads, int) and isinstance(d, int) and _dim_eq(w.shape[1], heads * d),
-           f"qk_attention_linear: the weight's {w.shape[1]} columns are not the {heads} x {d} attention outputs")
-    return [((t, w.shape[0]), dt), kc, vc]
-
-
-register("qk_attention_linear", _qk_attention_linear_infer,
-         "qk_attention, its heads flattened, then linear (o_proj) of a decode step's sliding layer: y, and K/V "
-         "written into the layer's cache", state_io=((5, 1), (6, 2)))
 register("sigmoid_gate", lambda i, a: [(broadcast(i[0].shape, i[1].shape), i[0].dtype)],
          "o * sigmoid(gate + bias[head]), rounding after each step")
 register("linear_packed", lambda i, a: [(tuple(i[0].shape[:-1]) + (n,), i[0].dtype) for n in a["splits"]],

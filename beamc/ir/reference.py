@@ -176,8 +176,7 @@ def _shared_row() -> BeamcError:
 
 
 # ops that write a KV cache: input index of (cache, slot, pos, block table if paged)
-KV_WRITERS = {"kv_write": (0, 4, 5, 6), "qk_norm_pos_kv": (5, 7, 8, 9), "qk_attention": (5, 7, 8, 9),
-              "qk_attention_linear": (5, 7, 8, 9)}
+KV_WRITERS = {"kv_write": (0, 4, 5, 6), "qk_norm_pos_kv": (5, 7, 8, 9), "qk_attention": (5, 7, 8, 9)}
 
 
 def check_step_caches(nodes, value_of) -> None:
@@ -476,15 +475,6 @@ def qk_attention_ref(t, a):
 
 
 REFS["qk_attention"] = qk_attention_ref
-
-
-def qk_attention_linear_ref(t, a):
-    """The attention_o_proj pass's op: qk_attention, its heads flattened, then the o_proj GEMM (the same bits)."""
-    out, kc, vc = qk_attention_ref(t[:-1], a)
-    return F.linear(out.reshape(out.shape[0], -1), t[-1]), kc, vc
-
-
-REFS["qk_attention_linear"] = qk_attention_linear_ref
 
 
 # ---------------------------------------------------------------- fused GEMMs (passes 4, 5, 7, fold)

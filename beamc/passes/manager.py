@@ -10,17 +10,16 @@ from beamc.errors import BeamcError
 from beamc.ir.graph import Graph
 from beamc.ir.printer import to_dot, to_text
 from beamc.ir.verify import verify
-from beamc.passes import (allreduce_norm, attention_gate, attention_o_proj, combine_experts, dense_swiglu, fold_small,
-                          fp32_router, kv_write, norm_residual_norm, pack_qkv_gate, qk_attention, qk_norm_pos)
+from beamc.passes import (allreduce_norm, attention_gate, combine_experts, dense_swiglu, fold_small, fp32_router,
+                          kv_write, norm_residual_norm, pack_qkv_gate, qk_attention, qk_norm_pos)
 from beamc.passes.base import Pass
 from beamc.passes.rewrite import rewrite
 
 # The seed's order: each later pass may build on an earlier one's ops (3 on 1, 6 on 2, 9 on 2's sigmoid_gate, 10 on
-# 3's boundary, 11 on 6's qk_norm_pos_kv and 9's attention_gate, 12 on 11's qk_attention).
+# 3's boundary, 11 on 6's qk_norm_pos_kv and 9's attention_gate).
 PASSES: dict[str, Pass] = {p.name: p for p in (
     norm_residual_norm.PASS, qk_norm_pos.PASS, allreduce_norm.PASS, fp32_router.PASS, pack_qkv_gate.PASS,
     kv_write.PASS, dense_swiglu.PASS, fold_small.PASS, attention_gate.PASS, combine_experts.PASS, qk_attention.PASS,
-    attention_o_proj.PASS,
 )}
 
 

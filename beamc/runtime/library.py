@@ -10,7 +10,7 @@ from beamc.ir import reference as R
 
 def linear(x, w, out):
     """cuBLAS GEMM: out = x @ w^T (in x's dtype, fp32 accumulation)."""
-    torch.mm(x.reshape(-1, w.shape[1]), w.t(), out=out.reshape(-1, out.shape[-1]))  # (x [T, h, d]: rows of h x d)
+    torch.mm(x.reshape(-1, x.shape[-1]), w.t(), out=out.reshape(-1, out.shape[-1]))
 
 
 def linear2(x, w1, w2, out1, out2):
