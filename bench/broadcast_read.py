@@ -64,6 +64,11 @@ def run_case(nbytes: int, programs: int, mode: str, device: str, reps: int) -> d
         write()
         read()
 
+    # each program's sum checked once (its output poisoned first): the reads read what the writer wrote
+    out.fill_(float("nan"))
+    pair()
+    want = buf.view(-1, n).sum(dim=1).expand(programs) if not distinct else buf.view(programs, n).sum(dim=1)
+    assert torch.allclose(out, want.reshape(programs), rtol=1e-5), (nbytes, programs, mode)
     t_read = kb.graph_time(read, reps) if mode == "read-only" else kb.graph_time(pair, reps) - kb.graph_time(write, reps)
     us = t_read * 1e6
     moved = nbytes * programs
@@ -86,7 +91,7 @@ def main(argv=None) -> dict:
                  read_tb_s=round(kb.read_bandwidth(), 3) if device == "cuda" else None, rows=rows)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        path = Path(a.out) / f"broadcast-read-{facts['date']}.json"
+        path = Path(a.out) / f"broadcast-read-{facts['date']}{'-dry' if a.dry else ''}.json"
         path.write_text(json.dumps(facts, indent=1) + "\n")
         print(f"wrote {path}")
     print(f"read bandwidth (1 GiB, same run): {facts['read_tb_s']} TB/s")

@@ -1,6 +1,7 @@
 """Bench tools for kernel engineers, without a GPU: bench/variants.py (template variants in the whole step: what its
 command line accepts and the table it prints; its run path is bench/ablation.py's `run_row`, exercised on the tiny
-spec by `--dry`), bench/attention_decode.py's `--ncu-qkn` launcher and bench/launch_floor.py's `--dry`."""
+spec by `--dry`), bench/attention_decode.py's `--ncu-qkn` launcher, bench/launch_floor.py's and
+bench/broadcast_read.py's `--dry`."""
 from __future__ import annotations
 
 import pytest
@@ -123,3 +124,22 @@ def test_launch_floor_dry_runs_its_chains_under_the_interpreter(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 10 and {x["programs"] for x in rows} == {1, 132, 264, 528}
     assert "| 528 x 4 warps, PDL last |" in r.stdout
+
+
+def test_broadcast_read_dry_runs_its_cases_under_the_interpreter(tmp_path):
+    """bench/broadcast_read.py --dry: each mode (the broadcast after its writer, read-only, distinct buffers) run
+    under the Triton interpreter with every program's sum checked, the JSON and the table written."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench/broadcast_read.py"), "--dry", "--out", str(tmp_path)],
+                       env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (out,) = tmp_path.glob("broadcast-read-*-dry.json")
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["mode"] for x in rows] == ["after-write", "read-only", "distinct"]
+    assert "| bytes | programs | mode | us | TB/s delivered |" in r.stdout
