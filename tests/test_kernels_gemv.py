@@ -352,6 +352,27 @@ def test_tensor_core_split_rule(name, kdir):
     assert mod.constexprs(1000)["BLOCK_T"] == 64
 
 
+def test_one_pass_rows_follow_the_pinned_tile_and_program_floor(kdir):
+    """The one-pass path's rows per program at the TP-8 shapes (QKVG 2 rows: 896 programs, o_proj 8: 640), and with
+    `--set gemv.TILE1` / `gemv.MIN_PROGRAMS1` pinned (what `bench/variants.py` tries in the step): a larger tile gives
+    more rows per program where the floor allows, a lower floor fewer, larger programs; the pins pass the override
+    checks and keep the launcher's arguments."""
+    from beamc.codegen.overrides import parse_overrides, pin
+
+    epi, K, N, splits = TP8["qkvg"]
+    spec = kernel_spec(epi, K, N, "bf16", splits=splits)[0]
+    assert load_kernel(spec, kdir).CONSTEXPRS1["BLOCK_N"] == 2
+    over = parse_overrides(["gemv.TILE1=32768", "gemv.MIN_PROGRAMS1=132"])
+    c = pin("gemv", spec.constants, over["gemv"])
+    mod = load_kernel(KernelSpec("gemv", spec.op, c), kdir)
+    assert (mod.TILE1, mod.MIN_PROGRAMS1, mod.CONSTEXPRS1["BLOCK_N"]) == (32768, 132, 4)  # 448 programs of 4 rows
+    epi, K, N, _ = TP8["o_proj"]
+    spec = kernel_spec(epi, K, N, "bf16")[0]
+    assert load_kernel(spec, kdir).CONSTEXPRS1["BLOCK_N"] == 8
+    mod = load_kernel(KernelSpec("gemv", spec.op, pin("gemv", spec.constants, {"MIN_PROGRAMS1": 132})), kdir)
+    assert mod.CONSTEXPRS1["BLOCK_N"] == 16  # (TILE1's 16 rows of 768, 320 programs: the floor no longer halves it)
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
