@@ -107,9 +107,9 @@ def test_attention_bench_launches_the_steps_qkn_render_for_ncu(tmp_path):
     assert full["constants"]["PAGED"] and full["constants"]["MODE"] == "ssmax" and full["constants"]["NUM_WARPS"] == 2
 
 
-def test_launch_floor_dry_runs_its_chains_under_the_interpreter(tmp_path):
-    """bench/launch_floor.py --dry: every row's chain of launches run once under the Triton interpreter (the
-    dependency each launch reads from the one before checked), the JSON and the table written."""
+def _dry_run(script: str, out_dir, pattern: str) -> tuple[str, list[dict]]:
+    """bench/<script> --dry --out out_dir under the Triton interpreter (a child process): its stdout and the rows of
+    the one JSON matching `pattern` that it wrote."""
     import json
     import os
     import subprocess
@@ -117,29 +117,24 @@ def test_launch_floor_dry_runs_its_chains_under_the_interpreter(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "bench/launch_floor.py"), "--dry", "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, str(root / "bench" / script), "--dry", "--out", str(out_dir)],
                        env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    (out,) = tmp_path.glob("launch-floor-*-dry.json")
-    rows = json.loads(out.read_text())["rows"]
+    (out,) = Path(out_dir).glob(pattern)
+    return r.stdout, json.loads(out.read_text())["rows"]
+
+
+def test_launch_floor_dry_runs_its_chains_under_the_interpreter(tmp_path):
+    """bench/launch_floor.py --dry: every row's chain of launches run once under the Triton interpreter (the
+    dependency each launch reads from the one before checked), the JSON and the table written."""
+    stdout, rows = _dry_run("launch_floor.py", tmp_path, "launch-floor-*-dry.json")
     assert len(rows) == 10 and {x["programs"] for x in rows} == {1, 132, 264, 528}
-    assert "| 528 x 4 warps, PDL last |" in r.stdout
+    assert "| 528 x 4 warps, PDL last |" in stdout
 
 
 def test_broadcast_read_dry_runs_its_cases_under_the_interpreter(tmp_path):
     """bench/broadcast_read.py --dry: each mode (the broadcast after its writer, read-only, distinct buffers) run
     under the Triton interpreter with every program's sum checked, the JSON and the table written."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "bench/broadcast_read.py"), "--dry", "--out", str(tmp_path)],
-                       env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (out,) = tmp_path.glob("broadcast-read-*-dry.json")
-    rows = json.loads(out.read_text())["rows"]
+    stdout, rows = _dry_run("broadcast_read.py", tmp_path, "broadcast-read-*-dry.json")
     assert [x["mode"] for x in rows] == ["after-write", "read-only", "distinct"]
-    assert "| bytes | programs | mode | us | TB/s delivered |" in r.stdout
+    assert "| bytes | programs | mode | us | TB/s delivered |" in stdout
