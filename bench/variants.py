@@ -218,7 +218,8 @@ def table(facts: dict) -> str:
              "|---|---|---:|---:|---:|---|" + ("---:|" if rounds else "")]
     for r in facts["rows"]:
         over = "; ".join([f"{t}.{k}={v}" for t, kv in r["overrides"].items() for k, v in kv.items()]
-                         + [f"compile.{k}={v}" for k, v in r.get("options", {}).items()]) or "-"
+                         + [f"compile.{k}={v}" for k, v in r.get("options", {}).items() if k != "disable"]
+                         + [f"pass.{p}=false" for p in r.get("options", {}).get("disable", [])]) or "-"
         if "decode" not in r:
             lines.append(f"| {r['label']} | {over} | failed: {r.get('error', '?')[:160]} | | | |")
             continue
