@@ -90,3 +90,49 @@ def test_cuda_graph_with_fixed_scratch(name, T, kdir):
         assert torch.equal(g, e)
     want = REFS[ks.op](ins, attrs)
     assert all(_norm_rel(g, w) < 1e-2 for g, w in zip(got, want))
+
+
+X_EARLY_TIMES: dict = {}
+
+
+@pytest.mark.parametrize("name", list(TP8))
+def test_x_early_is_bitwise_the_default_and_timed(name, kdir):
+    """X_EARLY (the one-pass path's chunks of x all loaded right after the PDL wait): the same outputs bit for bit as
+    the default render at one token; both timed as a CUDA graph of 20 PDL launches in a row (each one's wait on the
+    one before: the step's situation), µs per launch printed and, with BEAMC_GPU_OUT set, written to
+    gemv_x_early.json."""
+    import json
+    import os
+    from pathlib import Path
+
+    from conftest import captured_graph
+
+    epi, K, N, splits = TP8[name]
+    ks, attrs = kernel_spec(epi, K, N, "bf16", splits=splits)
+    base = load_kernel(ks, kdir)
+    early = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits, X_EARLY=True)[0], kdir)
+    gen = torch.Generator().manual_seed(29)
+    ins, outs = make_inputs(epi, K, N, 1, torch.bfloat16, device="cuda", gen=gen, attrs=attrs)
+    got = {m: [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in outs] for m in (0, 1)}
+    for m, mod in enumerate((base, early)):
+        mod.launch(*ins, *got[m])
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(got[0], got[1])), name
+    us = []
+    for m, mod in enumerate((base, early)):
+        graph = captured_graph(lambda mod=mod, m=m: mod.launch(*ins, *got[m]), 20)
+        graph.replay()
+        torch.cuda.synchronize()
+        t = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            t.append(a.elapsed_time(b) * 1000 / 20)
+        us.append(sorted(t)[2])
+    X_EARLY_TIMES[name] = dict(default_us=us[0], x_early_us=us[1], chunks=base.N_KC1)
+    print(f"gemv {name} T=1: default {us[0]:.2f} us, X_EARLY {us[1]:.2f} us ({base.N_KC1} chunks of x)")
+    if os.environ.get("BEAMC_GPU_OUT"):
+        Path(os.environ["BEAMC_GPU_OUT"], "gemv_x_early.json").write_text(json.dumps(X_EARLY_TIMES, indent=1))
