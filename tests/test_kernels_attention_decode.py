@@ -290,6 +290,14 @@ QKN_CASES = {
     "qkn-paged-p4-ssmax-pdl-merge-late": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f32", page=4,
                                                                   BLOCK_N=16, PDL=True), "ssmax", MERGE_EARLY=False),
                                           [(0, [122]), (1, [0]), (2, [48])], None, (1, 4)),
+    # EARLY_QKV (off by default): q, k, their partners and v loaded together before the norms; RoPE over a ring (the
+    # TP-8 group, head dim 24: partners across the pad) and SSMax over pages, fp8 and PDL
+    "qkn-ring-w40-g6-d24-early-qkv": (qkn_constants(constants(hq=6, hkv=1, d=24, window=40, dtype="f32", cache="f32",
+                                                              BLOCK_N=16, GATE=True), "rope", EARLY_QKV=True),
+                                      [(0, [90]), (1, [20]), (2, [41])], 44, (1, 5)),
+    "qkn-fp8-paged-ssmax-pdl-early-qkv": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4,
+                                                                  BLOCK_N=16, PDL=True), "ssmax", EARLY_QKV=True),
+                                          [(0, [120]), (1, [5]), (2, [0])], None, (3,)),
 }
 
 
@@ -513,3 +521,43 @@ def test_split_rule(kdir):
         for m in (16, 4096, 10**6):
             assert full.scratch_numel(T) >= full.scratch_numel(T, full.num_splits(T, m))
         assert full.num_splits(T, 10**6) * T * full.HKV >= min(full.TARGET_PROGRAMS, T * full.MAX_SPLITS)
+
+
+def _stage0_loads(cubin: bytes, tmp: Path) -> tuple[int, int]:
+    """In stage 0's SASS path (from the first griddepcontrol wait, ACQBULK, to its first store): the global loads
+    issued right after the wait, before any barrier, and those issued after a barrier."""
+    import subprocess
+
+    from test_kernels_gemv import _cuobjdump
+
+    f = tmp / "k.cubin"
+    f.write_bytes(cubin)
+    sass = subprocess.run([_cuobjdump(), "-sass", str(f)], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    seq = [o.split(".")[0] for o in ops[ops.index("ACQBULK") + 1:]]
+    seq = seq[:seq.index("STG")]
+    first_bar = seq.index("BAR") if "BAR" in seq else len(seq)
+    return seq[:first_bar].count("LDG"), seq[first_bar:].count("LDG")
+
+
+@pytest.mark.parametrize("kind,mode", [("sliding", "rope"), ("full", "ssmax")])
+def test_early_qkv_loads_q_k_and_v_before_the_norms(kind, mode, tmp_path):
+    """EARLY_QKV (off until measured): in the sm_90a binary of the step's QKN render at TP 8, every global load of
+    stage 0 between its wait and its cache write is issued before the first barrier, the same loads as the
+    default's; with Triton 3.6 (the H200's) the default issues some of them after the norms' cross-warp sums (k, the
+    partners, v: sliding 16 + 3, full 9 + 1), with the CI's newer Triton none."""
+    from beamc.spec import load_spec
+
+    full = load_spec(ROOT / "models/beam.yaml")
+    c = qkn_constants(spec_constants(full, 8, kind, "bf16", "bf16", 16, GATE=True,
+                                     **({"BLOCK_N": 32} if kind == "sliding" else {})), mode)
+    base = load_kernel(KernelSpec(TEMPLATE, "qk_attention", c), tmp_path / "k")
+    early = load_kernel(KernelSpec(TEMPLATE, "qk_attention", dict(c, EARLY_QKV=True)), tmp_path / "k")
+    assert early.EARLY_QKV and not base.EARLY_QKV
+    (b_first, b_later), (e_first, e_later) = (_stage0_loads(aot_compile(m, 90).asm["cubin"], tmp_path)
+                                              for m in (base, early))
+    assert e_later == 0 and e_first == b_first + b_later, (b_first, b_later, e_first, e_later)
+    import triton
+
+    if triton.__version__.startswith("3.6"):  # (the H200's Triton: its default binary has loads behind barriers;
+        assert b_later >= 1, (b_first, b_later)  # the CI's newer Triton already hoists them)

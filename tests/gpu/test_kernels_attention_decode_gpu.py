@@ -252,7 +252,7 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     rows equal (up to the norm's summation order: ||.|| / ||.|| < 1e-2, most bytes equal), the output within 1e-2 of
     the fp32 reference over the rows the kernel wrote (and of the two launches'); a CUDA-graph replay equal to an
     eager launch bit for bit; both forms timed in graphs (the pass's measured effect per layer); the EARLY_KV-off,
-    LATE_TRIGGER and MERGE_EARLY-off renders bitwise equal to the default."""
+    LATE_TRIGGER, MERGE_EARLY-off and EARLY_QKV renders bitwise equal to the default."""
     from test_kernels_attention_decode import poison_token_rows, qkn_constants, qkn_inputs
     from beamc.ir.reference import REFS, cache_rows, kv_load, qk_norm_pos_kv_ref
     spec = load_spec(ROOT / "models/beam.yaml")
@@ -353,9 +353,14 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     ml, one_ml, ml_out, me_same = other_render(MERGE_EARLY=False)
     assert qkn.MERGE_EARLY and not ml.MERGE_EARLY
     me_same = me_same and torch.equal(replayed(one_ml, ml_out), eager)
+    # EARLY_QKV (off until measured: q, k, their partners and v loaded together before the norms) against the
+    # default: the same bits, eager and in a graph
+    eq, one_eq, eq_out, eq_same = other_render(EARLY_QKV=True)
+    assert eq.EARLY_QKV and not qkn.EARLY_QKV
+    eq_same = eq_same and torch.equal(replayed(one_eq, eq_out), eager)
     rec = dict(kind=kind, ctx=ctx, cache=cache, rel_err=err, rel_err_vs_two_launches=err_two, row_err=row_err,
                same_row_bytes=same_bytes, graph_bitwise=torch.equal(out, eager), early_kv_bitwise=early_same,
-               late_trigger_bitwise=trig_same, merge_early_bitwise=me_same)
+               late_trigger_bitwise=trig_same, merge_early_bitwise=me_same, early_qkv_bitwise=eq_same)
     if cache == "f8e4m3":
         # F16_DOT (the MMAs on fp16 operands): the same cache writes, the output within the rule of the fp32
         # reference (p rounded to fp16, not bf16: another rounding), a graph replay equal to an eager launch
@@ -371,11 +376,11 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
             rec.update(us_qkn_f16=_graph_us(one_f16))
     if len(ctx) == 1:
         rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one), us_qkn_late_kv=_graph_us(one_late),
-                   us_qkn_merge_late=_graph_us(one_ml))
+                   us_qkn_merge_late=_graph_us(one_ml), us_qkn_early_qkv=_graph_us(one_eq))
     print(f"qkn {kind} {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items()
                                                        if isinstance(v, float)))
     summary.setdefault("qkn", []).append(rec)
     assert err < 1e-2 and err_two < 1e-2 and row_err < 1e-2 and same_bytes > 0.9 and early_same and trig_same, rec
-    assert me_same, rec
+    assert me_same and eq_same, rec
     assert rec["graph_bitwise"], rec
     assert cache != "f8e4m3" or (rec["f16_rel_err"] < 1e-2 and rec["f16_graph_bitwise"]), rec
