@@ -198,6 +198,22 @@ def captured_graph(fn, reps: int = 1) -> "torch.cuda.CUDAGraph":
     return graph
 
 
+def graph_us(fn, reps: int = 50) -> float:
+    """µs per fn() call: `reps` calls captured in one CUDA graph (`captured_graph`), replayed 5 times, the median."""
+    graph = captured_graph(fn, reps)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    return sorted(times)[2]
+
+
 class routing_margins:
     """Within the block, every moe_select / moe_router the interpreter runs appends its per-token routing margin
     (beamc.ir.reference.moe_select_margin) to `self.calls`; `per_row()` is the smallest over the calls, per token

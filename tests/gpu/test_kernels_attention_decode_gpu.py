@@ -22,7 +22,7 @@ import torch
 from beamc.codegen.emitters import attention_decode_tiles
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.spec import load_spec
-from conftest import captured_graph, write_gpu_summary
+from conftest import captured_graph, graph_us, write_gpu_summary
 from test_kernels_attention_decode import TEMPLATE, make_case, reference, spec_constants
 
 pytestmark = pytest.mark.gpu
@@ -162,21 +162,6 @@ def test_cuda_graph_replay(kind, cache, ctx, chunk, kdir, summary):
     SUMMARY["graphs"].append(dict(kind=kind, cache=cache, ctx=ctx, chunk=chunk, bitwise=True))
 
 
-def _graph_us(fn, reps: int = 50) -> float:
-    graph = captured_graph(fn, reps)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return sorted(times)[2]
-
-
 @pytest.mark.parametrize("kind,cache,n", [("full", "f8e4m3", 100_000), ("full", "bf16", 100_000),
                                           ("sliding", "bf16", 4096), ("sliding", "f8e4m3", 4096)])
 def test_timing_recorded(kind, cache, n, kdir, summary):
@@ -187,7 +172,7 @@ def test_timing_recorded(kind, cache, n, kdir, summary):
     case = _inputs(c, [n], 1, seed=1)
     out = torch.empty_like(case["args"][0])
     scratch = torch.empty(mod.scratch_numel(1), device="cuda")
-    us = _graph_us(lambda: mod.launch(*case["args"], out, scratch=scratch))
+    us = graph_us(lambda: mod.launch(*case["args"], out, scratch=scratch))
     keys = min(n, c["WINDOW"] or n)
     nbytes = 2 * keys * c["HKV"] * c["HEAD_DIM"] * case["args"][1].element_size()
     rec = dict(kind=kind, cache=cache, context=n, keys=keys, us=us, tb_s=nbytes / us / 1e6,
@@ -233,7 +218,7 @@ def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, ctx, chunk
     assert not fused.isnan().any() and torch.equal(fused, unfused), (kind, cache, ctx, (fused.float() - unfused.float()).abs().max().item())
     rec = dict(kind=kind, cache=cache, ctx=ctx, chunk=chunk, bitwise=True)
     if chunk == 1 and len(ctx) == 1:
-        rec.update(us_attention_then_gate=_graph_us(two), us_gated=_graph_us(one))
+        rec.update(us_attention_then_gate=graph_us(two), us_gated=graph_us(one))
         print(f"attention_gate {kind} {cache} ctx={ctx}: {rec['us_attention_then_gate']:.2f} -> {rec['us_gated']:.2f} us")
     summary.setdefault("gate", []).append(rec)
 
@@ -373,10 +358,10 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
         rec.update(f16_rel_err=_norm_rel(f16_out, want), f16_vs_default=_norm_rel(f16_out, eager),
                    f16_graph_bitwise=torch.equal(graphed, f16_out))
         if len(ctx) == 1:
-            rec.update(us_qkn_f16=_graph_us(one_f16))
+            rec.update(us_qkn_f16=graph_us(one_f16))
     if len(ctx) == 1:
-        rec.update(us_qk_then_attention=_graph_us(two), us_qkn=_graph_us(one), us_qkn_late_kv=_graph_us(one_late),
-                   us_qkn_merge_late=_graph_us(one_ml), us_qkn_early_qkv=_graph_us(one_eq))
+        rec.update(us_qk_then_attention=graph_us(two), us_qkn=graph_us(one), us_qkn_late_kv=graph_us(one_late),
+                   us_qkn_merge_late=graph_us(one_ml), us_qkn_early_qkv=graph_us(one_eq))
     print(f"qkn {kind} {cache} ctx={ctx}: " + ", ".join(f"{k} {v:.3g}" for k, v in rec.items()
                                                        if isinstance(v, float)))
     summary.setdefault("qkn", []).append(rec)

@@ -105,7 +105,7 @@ def test_x_early_is_bitwise_the_default_and_timed(name, kdir):
     import os
     from pathlib import Path
 
-    from conftest import captured_graph
+    from conftest import graph_us
 
     epi, K, N, splits = TP8[name]
     ks, attrs = kernel_spec(epi, K, N, "bf16", splits=splits)
@@ -118,20 +118,7 @@ def test_x_early_is_bitwise_the_default_and_timed(name, kdir):
         mod.launch(*ins, *got[m])
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(got[0], got[1])), name
-    us = []
-    for m, mod in enumerate((base, early)):
-        graph = captured_graph(lambda mod=mod, m=m: mod.launch(*ins, *got[m]), 20)
-        graph.replay()
-        torch.cuda.synchronize()
-        t = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            torch.cuda.synchronize()
-            t.append(a.elapsed_time(b) * 1000 / 20)
-        us.append(sorted(t)[2])
+    us = [graph_us(lambda mod=mod, m=m: mod.launch(*ins, *got[m]), 20) for m, mod in enumerate((base, early))]
     X_EARLY_TIMES[name] = dict(default_us=us[0], x_early_us=us[1], chunks=base.N_KC1)
     print(f"gemv {name} T=1: default {us[0]:.2f} us, X_EARLY {us[1]:.2f} us ({base.N_KC1} chunks of x)")
     if os.environ.get("BEAMC_GPU_OUT"):
