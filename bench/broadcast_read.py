@@ -67,8 +67,8 @@ def run_case(nbytes: int, programs: int, mode: str, device: str, reps: int) -> d
     # each program's sum checked once (its output poisoned first): the reads read what the writer wrote
     out.fill_(float("nan"))
     pair()
-    want = buf.view(-1, n).sum(dim=1).expand(programs) if not distinct else buf.view(programs, n).sum(dim=1)
-    assert torch.allclose(out, want.reshape(programs), rtol=1e-5), (nbytes, programs, mode)
+    want = buf.view(-1, n).sum(dim=1).expand(programs)  # (one buffer for all, or one row per program)
+    assert torch.allclose(out, want, rtol=1e-5), (nbytes, programs, mode)
     t_read = kb.graph_time(read, reps) if mode == "read-only" else kb.graph_time(pair, reps) - kb.graph_time(write, reps)
     us = t_read * 1e6
     moved = nbytes * programs

@@ -526,14 +526,9 @@ def test_split_rule(kdir):
 def _stage0_loads(cubin: bytes, tmp: Path) -> tuple[int, int]:
     """In stage 0's SASS path (from the first griddepcontrol wait, ACQBULK, to its first store): the global loads
     issued right after the wait, before any barrier, and those issued after a barrier."""
-    import subprocess
+    from test_kernels_gemv import cuobjdump_text
 
-    from test_kernels_gemv import _cuobjdump
-
-    f = tmp / "k.cubin"
-    f.write_bytes(cubin)
-    sass = subprocess.run([_cuobjdump(), "-sass", str(f)], capture_output=True, text=True, check=True).stdout
-    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", cuobjdump_text(cubin, tmp))
     seq = [o.split(".")[0] for o in ops[ops.index("ACQBULK") + 1:]]
     seq = seq[:seq.index("STG")]
     first_bar = seq.index("BAR") if "BAR" in seq else len(seq)
@@ -546,6 +541,8 @@ def test_early_qkv_loads_q_k_and_v_before_the_norms(kind, mode, tmp_path):
     stage 0 between its wait and its cache write is issued before the first barrier, the same loads as the
     default's; with Triton 3.6 (the H200's) the default issues some of them after the norms' cross-warp sums (k, the
     partners, v: sliding 16 + 3, full 9 + 1), with the CI's newer Triton none."""
+    import triton
+
     from beamc.spec import load_spec
 
     full = load_spec(ROOT / "models/beam.yaml")
@@ -557,7 +554,5 @@ def test_early_qkv_loads_q_k_and_v_before_the_norms(kind, mode, tmp_path):
     (b_first, b_later), (e_first, e_later) = (_stage0_loads(aot_compile(m, 90).asm["cubin"], tmp_path)
                                               for m in (base, early))
     assert e_later == 0 and e_first == b_first + b_later, (b_first, b_later, e_first, e_later)
-    import triton
-
     if triton.__version__.startswith("3.6"):  # (the H200's Triton: its default binary has loads behind barriers;
         assert b_later >= 1, (b_first, b_later)  # the CI's newer Triton already hoists them)

@@ -236,8 +236,8 @@ def _cuobjdump() -> str | None:
     return found or (str(shipped) if shipped.exists() else None)
 
 
-def _sass_facts(cubin: bytes, tmp: Path) -> dict | None:
-    """From the cubin's SASS and resource usage: HGMMA / LDGSTS.128 counts, local memory (spills) and stack."""
+def cuobjdump_text(cubin: bytes, tmp: Path, flag: str = "-sass") -> str | None:
+    """cuobjdump's `flag` listing (-sass, -res-usage) of a cubin (written under tmp); None without cuobjdump."""
     import subprocess
 
     tool = _cuobjdump()
@@ -245,8 +245,15 @@ def _sass_facts(cubin: bytes, tmp: Path) -> dict | None:
         return None
     f = tmp / "k.cubin"
     f.write_bytes(cubin)
-    sass = subprocess.run([tool, "-sass", str(f)], capture_output=True, text=True, check=True).stdout
-    res = subprocess.run([tool, "-res-usage", str(f)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([tool, flag, str(f)], capture_output=True, text=True, check=True).stdout
+
+
+def _sass_facts(cubin: bytes, tmp: Path) -> dict | None:
+    """From the cubin's SASS and resource usage: HGMMA / LDGSTS.128 counts, local memory (spills) and stack."""
+    sass = cuobjdump_text(cubin, tmp)
+    if sass is None:
+        return None
+    res = cuobjdump_text(cubin, tmp, "-res-usage")
     local = re.search(r"LOCAL:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     return dict(hgmma=len(re.findall(r"\bHGMMA\.", sass)), ldgsts128=len(re.findall(r"LDGSTS\.E\.BYPASS\.128", sass)),
