@@ -348,15 +348,18 @@ def _loads_after_wait_before_barrier(ptx: str) -> int:
 def test_x_early_loads_every_chunk_of_x_before_the_first_sum(name, kdir):
     """X_EARLY (a render option of the one-pass path, off until measured): at one token every one of x's N_KC1
     chunks is loaded between the PDL wait and the first barrier (one L2 round trip), where the default loads one
-    chunk there and each next one after the previous chunk's cross-warp sum; the W tiles still before the wait; both
-    sm_90a and sm_100a compile."""
+    chunk there and each next one after the previous chunk's cross-warp sum; no global load after the first barrier;
+    the W tiles still before the wait; both sm_90a and sm_100a compile."""
     epi, K, N, splits = TP8[name]
     base = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits)[0], kdir)
     early = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits, X_EARLY=True)[0], kdir)
     assert early.X_EARLY is True and base.X_EARLY is False and base.N_KC1 >= 3
     ptx = {m: aot_compile(_variant(m, 1), 90).asm["ptx"] for m in (base, early)}
     assert _loads_after_wait_before_barrier(ptx[base]) == 1
-    assert _loads_after_wait_before_barrier(ptx[early]) == early.N_KC1
+    # every chunk (one load per W-tile row a thread holds) before the first barrier, and no global load after it
+    assert _loads_after_wait_before_barrier(ptx[early]) >= early.N_KC1
+    after_wait = ptx[early].split("griddepcontrol.wait", 1)[1]
+    assert not re.search(r"\bld\.global", after_wait.split("bar.sync", 1)[1] if "bar.sync" in after_wait else "")
     facts = pdl_facts(ptx[early])
     check_pdl_ptx(facts, True, name)
     assert max(facts["loads_before_wait"]) > 0, facts  # W still loaded before the wait
