@@ -86,9 +86,9 @@ def make_inputs(epi: str, K: int, N: int, T: int, dtype: torch.dtype, device="cp
 # ---------------------------------------------------------------- 1. fp32 instances under the interpreter
 # (K, N, SMS): aligned; a masked K tail and partial row and column blocks; SMS = 4 -> split K and several K blocks;
 # K 1280 -> five K chunks of the one-pass path (T = 1); "split-t1": ONE_PASS off (T = 1 through partials + stage 1);
-# "x-early": the one-pass path with X_EARLY (every chunk of x loaded before the first chunk's sum)
+# "x-late": the one-pass path without X_EARLY (each chunk of x loaded after the previous chunk's sum: the old default)
 SHAPES_FP32 = ((256, 96, None), (200, 90, None), (600, 90, 4), (1280, 40, None), (600, 90, "split-t1"),
-               (1280, 40, "x-early"))
+               (1280, 40, "x-late"))
 CASES = [(epi, K, N, sms, pdl) for epi in OPS for K, N, sms in SHAPES_FP32 for pdl in (False, True)]
 T_INTERPRETED = (1, 2, 5, 17)  # 1: CUDA-core path; 2, 5: token block 16; 17: token block 32
 T_TWO_BLOCKS = 70  # token block 64, twice (the second one partly masked), at K 200 only (interpreter time)
@@ -105,7 +105,7 @@ def _interpreted_main(out: str) -> None:
     results = {}
     directory = Path(out).parent / "interpreted"
     for epi, K, N, sms, pdl in CASES:
-        extra = ({"ONE_PASS": False} if sms == "split-t1" else {"X_EARLY": True} if sms == "x-early"
+        extra = ({"ONE_PASS": False} if sms == "split-t1" else {"X_EARLY": False} if sms == "x-late"
                  else {"SMS": sms} if sms else {})
         ks, attrs = kernel_spec(epi, K, N, "f32", pdl=pdl, **extra)
         mod = load_kernel(ks, directory)
@@ -346,13 +346,13 @@ def _loads_after_wait_before_barrier(ptx: str) -> int:
 
 @pytest.mark.parametrize("name", ["qkvg", "o_proj", "lm_head"])
 def test_x_early_loads_every_chunk_of_x_before_the_first_sum(name, kdir):
-    """X_EARLY (a render option of the one-pass path, off until measured): at one token every one of x's N_KC1
-    chunks is loaded between the PDL wait and the first barrier (one L2 round trip), where the default loads one
-    chunk there and each next one after the previous chunk's cross-warp sum; no global load after the first barrier;
-    the W tiles still before the wait; both sm_90a and sm_100a compile."""
+    """X_EARLY (the one-pass path's default since s24run1): at one token every one of x's N_KC1 chunks is loaded
+    between the PDL wait and the first barrier (one L2 round trip), where the render without it loads one chunk
+    there and each next one after the previous chunk's cross-warp sum; no global load after the first barrier; the
+    W tiles still before the wait; both sm_90a and sm_100a compile."""
     epi, K, N, splits = TP8[name]
-    base = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits)[0], kdir)
-    early = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits, X_EARLY=True)[0], kdir)
+    base = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits, X_EARLY=False)[0], kdir)
+    early = load_kernel(kernel_spec(epi, K, N, "bf16", splits=splits)[0], kdir)
     assert early.X_EARLY is True and base.X_EARLY is False and base.N_KC1 >= 3
     ptx = {m: aot_compile(_variant(m, 1), 90).asm["ptx"] for m in (base, early)}
     assert _loads_after_wait_before_barrier(ptx[base]) == 1
