@@ -344,13 +344,10 @@ ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128"
 # SELECT_SORT (the selection by bitonic top-k): bitwise equal to the iterative render, exact ties included
 ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "large", 70), ("odd", "small", 5),
                      ("odd", "large", 70)]
-# W_FROM_SCORES (SELECT_SORT's chosen weights picked from the scores in registers, not re-read): bitwise as well
-ROUTER_WFS_CASES = [("tiny", "small", 1), ("odd", "small", 5), ("odd", "large", 70)]
 
 
 def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False,
-                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False, w_split: bool = False,
-                 w_from_scores: bool = False) -> dict:
+                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False, w_split: bool = False) -> dict:
     dtype = "bf16" if tf32x2 else "f32"  # (TF32X2 is the 16-bit-x render; the interpreter's dot is fp32 either way)
     c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
     if tf32x2:
@@ -367,8 +364,6 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     plain = dict(c, SELECT_SORT=False)  # the iterative render (select_sort: compared bit for bit)
     if select_sort:
         c["SELECT_SORT"] = True  # (the default; explicit here)
-    if w_from_scores:
-        c["W_FROM_SCORES"] = True
     mod = load_interpreted("moe_router", c, kdir)
     g = torch.Generator().manual_seed(T)
     x = torch.randn(T, c["H"], generator=g)
@@ -387,7 +382,7 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
     assert int(mod.counters("cpu").abs().sum()) == 0, "the counter is not back at 0"
     assert mod.constexprs(T)["ONE_LAUNCH"] == (one_launch and T == 1)
-    assert mod.TF32X2 == tf32x2 and mod.W_SPLIT == w_split and mod.W_FROM_SCORES == w_from_scores
+    assert mod.TF32X2 == tf32x2 and mod.W_SPLIT == w_split
     if w_split:  # W split once into the scratch: the per-tile split's operands, so the same logits, ids and weights
         tile_mod = load_interpreted("moe_router", per_tile, kdir)
         w0, i0, s0 = torch.full_like(weights, float("nan")), torch.full_like(ids, -1), torch.full((n + 64,), float("nan"))
@@ -449,14 +444,6 @@ def test_moe_router_select_sort_interpreted(spec_name, path, T, ties, interprete
     _check(interpreted, f"router[{spec_name}-{path}-{T}+sort{'+ties' if ties else ''}]")
 
 
-@pytest.mark.parametrize("spec_name,path,T", ROUTER_WFS_CASES)
-@pytest.mark.parametrize("ties", [False, True])
-def test_moe_router_w_from_scores_interpreted(spec_name, path, T, ties, interpreted):
-    """W_FROM_SCORES (SELECT_SORT's chosen weights picked out of the scores tile, not computed again from the logits
-    read back): the same ids and weights as the iterative render, bit for bit, exact ties included."""
-    _check(interpreted, f"router[{spec_name}-{path}-{T}+sort+wfs{'+ties' if ties else ''}]")
-
-
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_PDL_CASES)
 def test_moe_router_pdl_render_interpreted(spec_name, path, T, interpreted):
     """Both stages of a PDL render (each waits before it reads x or the scratch) run in the interpreter and match."""
@@ -490,9 +477,6 @@ def _variants() -> list[tuple[str, str, dict]]:
             for path in ("small", "large"):
                 out.append((f"moe_router[{name},{path},select,iterative]", "moe_router",
                             {**router_constants(spec, path), "SELECT_SORT": False, "_OPTS": 1}))
-            for path in ("small", "large"):  # W_FROM_SCORES (off by default): the selection's binary
-                out.append((f"moe_router[{name},{path},select,w-from-scores]", "moe_router",
-                            {**router_constants(spec, path), "W_FROM_SCORES": True, "_OPTS": 1}))
         if name == "full-tp8":  # TF32X2=False (TF32X2, W split by hand, is the bf16 default): tf32x3, cvt.rna
             out.append((f"moe_router[{name},large,tf32x3]", "moe_router",
                         {**router_constants(spec, "large"), "TF32X2": False}))
@@ -552,8 +536,8 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (1 if not r["router"] or r["one_launch"] else 3 if r["w_split"] else 2), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 90
-    assert sum(r["pdl"] for r in results) == 64
+    assert len(results) == 2 * len(_variants()) == 86
+    assert sum(r["pdl"] for r in results) == 60
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
@@ -576,10 +560,6 @@ def _interpreter_cases(tiny):
         yield from ((f"router[{a}-{b}-{t}+sort{'+ties' if ties else ''}]",
                      lambda *x, ties=ties: check_router(*x, select_sort=True, ties=ties), (a, b, t))
                     for a, b, t in ROUTER_SORT_CASES)
-        yield from ((f"router[{a}-{b}-{t}+sort+wfs{'+ties' if ties else ''}]",
-                     lambda *x, ties=ties: check_router(*x, select_sort=True, ties=ties, w_from_scores=True),
-                     (a, b, t))
-                    for a, b, t in ROUTER_WFS_CASES)
 
 
 if __name__ == "__main__":

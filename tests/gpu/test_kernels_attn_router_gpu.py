@@ -306,31 +306,6 @@ def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
     assert same and same_graph, rec
 
 
-@pytest.mark.parametrize("spec_name,T,ties", [("full", 1, False), ("full", 1, True), ("full", 5, False),
-                                              ("full", 64, True), ("full", 4096, False), ("odd", 5, True)])
-def test_moe_router_w_from_scores_bitwise(spec_name, T, ties, kdir, summary):
-    """W_FROM_SCORES (SELECT_SORT's chosen weights picked out of the scores tile in registers, not computed again
-    from the logits read back from the scratch) against the default render: the same logits, ids and weights bit for
-    bit (exact ties too), eagerly and from a CUDA graph, outputs poisoned first; both timed."""
-    path = "small" if T <= 64 else "large"
-    plain = _router_constants(spec_name, path)
-    base = _module("moe_router", plain, kdir)
-    wfs = _module("moe_router", dict(plain, W_FROM_SCORES=True), kdir)
-    assert wfs.W_FROM_SCORES and not base.W_FROM_SCORES and base.SELECT_SORT
-    x, W, bias = _router_inputs(plain, T, seed=T + 13 * ties)
-    if ties:
-        gsz = plain["E"] // plain["N_GROUP"]
-        W[1:3], bias[1:3] = W[0].clone(), bias[0].clone()
-        W[gsz:2 * gsz], bias[gsz:2 * gsz] = W[:gsz].clone(), bias[:gsz].clone()
-    same_logits, same, same_graph, t0, t1, rows_differ = _renders_agree(base, wfs, x, W, bias)
-    rec = dict(case=f"w-from-scores-{spec_name}-T{T}{'-ties' if ties else ''}", logits_bitwise=same_logits,
-               bitwise=same, graph_bitwise=same_graph, us_default=t0, us_w_from_scores=t1, rows_differ=rows_differ)
-    summary["moe_router"].append(rec)
-    print(f"router w-from-scores {spec_name} T{T}{' ties' if ties else ''}: bitwise {same} (graph {same_graph}), "
-          f"{t0 and round(t0, 2)} -> {t1 and round(t1, 2)} us")
-    assert same_logits and same and same_graph, rec
-
-
 @pytest.mark.parametrize("spec_name,T", [("full", 70), ("full", 4096), ("full", 16384), ("odd", 70), ("odd", 1000)])
 def test_moe_router_w_split(spec_name, T, kdir, summary):
     """W_SPLIT (the large path's TF32X2 with W's TF32 head and rest split once per launch into the scratch, by a first
