@@ -300,9 +300,6 @@ MOE_CASES = {
     "tp1-T1-relaid-ks8": (1, dict(KSPLIT=8), 1, True, "distinct"),
     "E5-T3-raw-bad-ids-ks8": (1, dict(_odd(5, 512, 96, 3), KSPLIT=8), 3, False, "bad"),
     "E7-T1-relaid-solo-one-expert-ks8": (1, dict(_odd(7, 256, 32, 2), KSPLIT=8, SCAN_T1=False), 1, True, "one"),
-    # BLOCK_I 16: stage 0's programs take 16 rows of I (32 A rows a warp): half the programs
-    "tp1-T3-relaid-bi16": (1, dict(BLOCK_I=16), 3, True, "shared"),
-    "E5-T1-raw-bad-ids-bi16": (1, dict(_odd(5, 384, 96, 3), BLOCK_I=16), 1, False, "bad"),
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 
@@ -367,15 +364,6 @@ MOE_COMBINE_CASES = {
                                             "bad", 2.5),
     "E7-T2-k2-raw-one-expert-early1-pdl": (1, dict(_odd(7, 128, 64, 2), EARLY1=True, PDL=True), 2, False, "one",
                                            None),
-    # COMBINE_R 16: 16 A rows per stage-1 warp (half the rows of H per program, twice the programs); top-3 (4 rows of
-    # H a warp), top-2 (8), the tiny spec's top-k (and with EARLY1)
-    "tp1-T1-relaid-x2.5-r16": (1, dict(COMBINE_R=16), 1, True, "distinct", 2.5),
-    "E5-T3-k3-relaid-bad-ids-r16": (1, dict(_odd(5, 384, 96, 3), COMBINE_R=16), 3, True, "bad", 2.5),
-    "E7-T2-k2-raw-one-expert-r16-early1": (1, dict(_odd(7, 128, 64, 2), COMBINE_R=16, EARLY1=True), 2, False, "one",
-                                           None),
-    # COMBINE_R 64: 64 A rows per stage-1 warp (twice the rows of H per program, half the programs)
-    "tp2-T3-raw-shared-r64": (2, dict(COMBINE_R=64), 3, False, "shared", None),
-    "E5-T3-k3-relaid-bad-ids-r64": (1, dict(_odd(5, 384, 96, 3), COMBINE_R=64), 3, True, "bad", 2.5),
 }
 
 
@@ -560,8 +548,7 @@ def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
 def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
-    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE (32 and 16 A rows a stage-1 warp) and
-    SCAN_T1-off renders at TP 8, and
+    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE and SCAN_T1-off renders at TP 8, and
     the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on); stage 0 on 8 warps
     (KSPLIT 8: each stage its own binary)."""
     full, tiny = load_spec(ROOT / "models/beam.yaml"), tiny_spec_()
@@ -570,11 +557,6 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
             ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
             ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
-            ("full-tp8,combine-r16", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5, COMBINE_R=16),
-             (1, True)),
-            ("full-tp8,combine-r64", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5, COMBINE_R=64),
-             (1, True)),
-            ("full-tp8,block-i16", dict(moe_constants(full, 8), BLOCK_I=16), (1, True)),
             ("full-tp8,no-scan-t1", dict(moe_constants(full, 8), SCAN_T1=False), (1, True)),
             ("full-tp8,trigger-at-once", dict(moe_constants(full, 8), LATE_TRIGGER=False), (1, True)),
             ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True)),
@@ -612,7 +594,7 @@ def _compile(args) -> dict:
     # the other binaries the launcher launches (COMBINE, KSPLIT 8: stage 1's own): compiled too, no local memory
     others = [_local_bytes(aot_compile(mod, arch, o).asm["cubin"]) for o in launch_options(mod)[1:]]
     programs = [1 * mod.TOP_K * -(-mod.I // mod.BLOCK_I), 1 * mod.TOP_K * -(-mod.H // mod.BLOCK_N)]  # T = 1
-    return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared, block_i=mod.BLOCK_I,
+    return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
                 pdl=constants.get("PDL", True), options=dict(mod.OPTIONS), launch_pdl=bool(ck.metadata.launch_pdl),
                 programs=programs, full=label.startswith("full"), local=_local_bytes(ck.asm["cubin"]),
                 mma=len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)),
@@ -654,10 +636,9 @@ def test_aot_compile_every_variant(tmp_path):
         assert (r["shf"] >= r["bf16x2"]) if r["relaid"] else r["shf"] == 0, r
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
-            # (BLOCK_I 16: stage 0 has half the programs, still at least one per SM)
-            assert min(r["programs"]) >= (2 if r["block_i"] == 8 else 1) * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 30
-    assert sum(r["pdl"] for r in results) == 28
+            assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
+    assert len(results) == 2 * len(_variants()) == 24
+    assert sum(r["pdl"] for r in results) == 22
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR
