@@ -8,8 +8,9 @@ Imported by `bench/kernels.py` (`bench_cases(graph_time, copy_bw)`); the records
   GEMMs then the SwiGLU kernel, lm_head the GEMM then the soft-cap kernel) and the bare GEMM (`bare_gemm_us`: one
   `torch.mm` into a fixed output, the epilogue free; until 2026-12-01's twelfth session the choice table compared
   with this one), TB/s of weights streamed;
-- `moe_nvfp4_decode` at M = 1, 8, 64 (8 experts per token of 256, NVFP4), TB/s of the distinct chosen experts'
-  bytes, beside the library route: the same experts' bf16 weights gathered and multiplied by torch (bmm), which is
+- `moe_nvfp4_decode` at M = 1, 8, 64 (8 experts per token of 256, NVFP4, re-laid out as the runtime loads them),
+  TB/s of the distinct chosen experts' bytes, beside the library route: the same experts' bf16 weights gathered and
+  multiplied by torch (bmm), which is
   what the step does today without the kernel.
 Every figure is a CUDA-graph replay (`graph_time`), outputs poisoned before the timing and checked after it.
 """
@@ -108,6 +109,9 @@ def _moe_cases(graph_time, kdir, device) -> list[dict]:
     gu, dn = torch.stack([a for a, _ in pairs]), torch.stack([b for _, b in pairs])
     del pairs
     per_expert = sum(p[0].numel() * p[0].element_size() for p in params)  # one expert's NVFP4 bytes (all parts)
+    # the kernel reads the weights as the runtime loads them: re-laid out (the same bytes; the ModelOpt layout's decode
+    # is slower: s24run7, T = 8 358 against 93 us)
+    relaid = mod.relayout(params)
     out = []
     for M in M_VALUES:
         g = torch.Generator().manual_seed(M)
@@ -115,7 +119,7 @@ def _moe_cases(graph_time, kdir, device) -> list[dict]:
         idx = distinct_idx(M, E, k, g).to(device)
         y = torch.full((M, k, H), float("nan"), dtype=torch.bfloat16, device=device)
         scratch = torch.empty(mod.scratch_numel(M), dtype=torch.bfloat16, device=device)
-        t = graph_time(lambda: mod.launch(x, idx, *params, y, scratch), 50)
+        t = graph_time(lambda: mod.launch(x, idx, *relaid, y, scratch), 50)
         assert torch.isfinite(y).all(), f"moe M={M}: unwritten outputs"
         flat = idx.flatten()
         xr = x.repeat_interleave(k, dim=0)[:, None, :]  # [M*k, 1, H]

@@ -50,6 +50,11 @@ VARIANTS = (
     # per SM; 64 without the scan: 4 per SM); stage 1 as before on 4 warps
     ("KSPLIT=8", {}, {}, {"KSPLIT": 8}),
     ("KSPLIT=8/no scan", {}, {}, {"KSPLIT": 8, "SCAN_T1": False}),
+    # pairs of one expert per pass (the mma's N; the launcher's MP = min(8, next_pow2(T))): at T > 1 with mostly
+    # distinct experts a program holds one pair, so MP 8 only costs registers (the x tile [4, BK0, MP]) and programs
+    # per SM; an expert with more pairs than MP takes more passes over its weights (from L2 after the first)
+    ("MP=1", {"MP": 1}, {}),
+    ("MP=2", {"MP": 2}, {}),
 )
 
 
