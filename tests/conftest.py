@@ -256,7 +256,9 @@ def spec_variant(spec, changes: dict):
 
 
 def load_bench_module(name: str):
-    """bench/<name>.py as a module, without putting bench/ (kernels.py, gemm.py, ...) on sys.path."""
+    """bench/<name>.py as a module, without leaving bench/ (kernels.py, gemm.py, ...) on sys.path: the bench scripts
+    put it there for their sibling imports, and in this process it would shadow installed packages of the same
+    names (transformers >= 5.25 imports the `kernels` package when it is installed, and found bench/kernels.py)."""
     import importlib.util
     import sys
 
@@ -264,5 +266,9 @@ def load_bench_module(name: str):
         spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
-        spec.loader.exec_module(mod)
+        saved = list(sys.path)
+        try:
+            spec.loader.exec_module(mod)
+        finally:
+            sys.path[:] = saved
     return sys.modules[name]
