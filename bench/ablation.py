@@ -96,13 +96,15 @@ def free(device) -> None:
 def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag: str, bw: float | None,
             gemm_tflops: float | None = None, profile: bool = False, copy_bw: float | None = None,
             overrides: dict | None = None, prefill: bool = True, options: dict | None = None,
-            outputs: list | None = None, keep: list | None = None) -> dict:
+            outputs: list | None = None, keep: list | None = None, decode_batch: int = 1) -> dict:
     """One package (these passes; `overrides`: template constants pinned, `beamc compile --set`; `options`: more
     `compile_package` keywords) on the shared weights: batch-1 decode at the context and, with `prefill`, the
     batch x chunk prefill after it. `outputs`: a list that receives the logits of the two decode steps before the
     timed ones (graph replays, the same inputs for every package: compare them across packages). `keep` (decode
     only): a list that receives (model, a function replaying its timed decode step), the model kept loaded with its
-    sequence, so that the caller can time it again beside other packages (bench/variants.py --rounds)."""
+    sequence, so that the caller can time it again beside other packages (bench/variants.py --rounds).
+    `decode_batch`: the decode step's sequences (each at the context, its own fill seed; batch 1 by default), its
+    bucket captured at load; the roofline is a batch-1 figure (left out at B > 1)."""
     assert keep is None or not prefill, "keep: decode only (the kept model holds its decode sequence)"
     from beamc.runtime.model import Model
 
@@ -120,9 +122,10 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
     del package
     t = time.perf_counter()
     max_context = a.context + max(a.chunk, 4)
+    B = decode_batch
     model = Model.load(pkg, None, device=str(device), spec=spec, tp=a.tp, rank=0, kv_dtype="fp8", weights=weights,
-                       max_batch=a.batch, max_context=max_context, max_prefill_tokens=a.batch * a.chunk,
-                       decode_buckets=[1, a.batch], prefill_buckets=[a.batch * a.chunk])  # ~only the buckets timed
+                       max_batch=max(a.batch, B), max_context=max_context, max_prefill_tokens=a.batch * a.chunk,
+                       decode_buckets=sorted({1, a.batch, B}), prefill_buckets=[a.batch * a.chunk])  # ~the buckets timed
     fm.sync(device)
     row["load_s"] = round(time.perf_counter() - t, 1)
     gen = torch.Generator().manual_seed(a.seed)
@@ -131,27 +134,31 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
         return torch.randint(0, spec.vocab_size, (n,), generator=gen).tolist()
 
     try:
-        # ---- decode: batch 1 at `context`
-        model.fill_context("d", a.context, seed=a.seed)
-        for tok in tokens(2):  # warm up (the decode graphs were captured at load)
-            logits = model.decode(["d"], [tok])
+        # ---- decode: batch B (1 by default) at `context`
+        seqs_d = ["d"] if B == 1 else [f"d{j}" for j in range(B)]
+        for j, s in enumerate(seqs_d):
+            model.fill_context(s, a.context, seed=a.seed + 100 * j)
+        for _ in range(2):  # warm up (the decode graphs were captured at load)
+            logits = model.decode(seqs_d, tokens(B))
             if outputs is not None:
                 outputs.append(logits.detach().float().cpu())
-        key = ("decode", 1, 1)
-        dec = fm.timed(fm.replay(model, key, "decode", {"B": 1, "R": 1}), device, a.steps)
+        key, sizes = ("decode", B, B), {"B": B, "R": B}
+        dec = fm.timed(fm.replay(model, key, "decode", sizes), device, a.steps)
         launches = model.phases["decode"].launches
-        lib = Counter(ln.library for _, ln in launches if ln.library and ln.runs_for(1))
+        lib = Counter(ln.library for _, ln in launches if ln.library and ln.runs_for(B))
         row["decode"] = {"ms": statistics.median(dec), "steps": a.steps, "runs_as": model.graphs.status.get(key, "?"),
-                         "kernels": sum(1 for _, ln in launches if ln.kernel is not None and ln.runs_for(1)),
+                         "batch": B,
+                         "kernels": sum(1 for _, ln in launches if ln.kernel is not None and ln.runs_for(B)),
                          "library_calls": sum(lib.values()), "library": dict(lib),
                          "library_calls_compiled": lib_static}
         if profile:  # which kernel holds the time (the fully fused row)
-            row["decode"]["profile"] = profile_step(model, "decode", {"B": 1, "R": 1}, reps=3)
+            row["decode"]["profile"] = profile_step(model, "decode", sizes, reps=3)
         if keep is not None:
-            keep.append((model, fm.replay(model, key, "decode", {"B": 1, "R": 1})))
+            keep.append((model, fm.replay(model, key, "decode", sizes)))
         else:
-            model.release("d")
-        if bw is not None:
+            for s in seqs_d:
+                model.release(s)
+        if bw is not None and B == 1:
             nbytes = fm.decode_bytes(model, spec, a.context)
             roof_ms = nbytes["total"] / (bw * 1e12) * 1e3
             row["roofline"] = {"bytes": nbytes["total"], "ms": roof_ms, "fraction": roof_ms / row["decode"]["ms"],

@@ -18,6 +18,9 @@ work, e.g. where a kernel lets the next launch start, must give the same bits; t
 comparison itself holds). Writes OUT/variants-<date>[-dry][tag].json and prints a table last (ms per decode step,
 each variant against the mean of the two default runs, and its logits against the default's).
 
+--decode-batch B: the decode step of B sequences (each at --context) instead of one, for render options that only
+act at T > 1 (the MoE decode kernel's pairs per pass, its COMBINE rows per warp).
+
 --rounds R (decode only): the default package stays loaded, and each variant, right after its own pass, is timed
 R times more alternately with it (round r: the default first when r is even, the variant first when odd; `--steps`
 replays each), then unloaded; a variant's "paired" figure is the median over the rounds of its ms / the default's ms
@@ -97,6 +100,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--prefill", action="store_true", help="also time the batch x chunk prefill of each variant")
     ap.add_argument("--tag", default="", help="appended to the output file name")
     ap.add_argument("--once", action="store_true", help="the default package once (not again at the end)")
+    ap.add_argument("--decode-batch", type=int, default=1, metavar="B",
+                    help="the decode step's sequences (each at --context; default 1): render options for T > 1")
     ap.add_argument("--rounds", type=int, default=0, metavar="R",
                     help="decode only: keep every package loaded and time them all R more times in turn (paired "
                          "with the default in each round; see the module docstring)")
@@ -114,7 +119,8 @@ def main(argv=None) -> dict:
     spec = fm.bench_spec(Path(a.spec), a.context, max(a.chunk, a.steps + 4), a.experts)
     facts: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
                    "dry": a.dry, "note": fm.SKIPPED, "tp": a.tp, "rank": 0, "context": a.context, "chunk": a.chunk,
-                   "batch": a.batch, "kv_cache": "fp8", "spec": spec.name, "passes": list(PASSES),
+                   "batch": a.batch, "decode_batch": a.decode_batch, "kv_cache": "fp8", "spec": spec.name,
+                   "passes": list(PASSES),
                    "env": {"device": fm.torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"}}
     base = compile_package(spec, tp=a.tp, rank=0, passes=[], dtype="f32" if a.dry else None)
     weights = random_rank_weights(spec, [st.graph for st in base.steps.values()], tp=a.tp, rank=0, device=device,
@@ -138,7 +144,8 @@ def main(argv=None) -> dict:
             passes = [p for p in PASSES if p not in options.get("disable", [])]
             compile_opts = {k: v for k, v in options.items() if k != "disable"}
             r = ablation.run_row(a, spec, passes, weights, device, Path(tmp.name), f"v{i}", bw,
-                                 overrides=over, prefill=a.prefill, options=compile_opts, outputs=outs, keep=keep)
+                                 overrides=over, prefill=a.prefill, options=compile_opts, outputs=outs, keep=keep,
+                                 decode_batch=a.decode_batch)
             reference = outs if reference is None else reference
             r["decode"]["logits"] = compare_logits(outs, reference)
         except Exception as e:  # one failing variant must not lose the others' numbers
