@@ -364,6 +364,9 @@ MOE_COMBINE_CASES = {
                                             "bad", 2.5),
     "E7-T2-k2-raw-one-expert-early1-pdl": (1, dict(_odd(7, 128, 64, 2), EARLY1=True, PDL=True), 2, False, "one",
                                            None),
+    # COMBINE_R 64: 64 A rows per stage-1 warp (twice the rows of H per program, half the programs)
+    "tp2-T3-raw-shared-r64": (2, dict(COMBINE_R=64), 3, False, "shared", None),
+    "E5-T3-k3-relaid-bad-ids-r64": (1, dict(_odd(5, 384, 96, 3), COMBINE_R=64), 3, True, "bad", 2.5),
 }
 
 
@@ -548,7 +551,8 @@ def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
 def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
-    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE and SCAN_T1-off renders at TP 8, and
+    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE (and its 64 A rows a stage-1 warp at T
+    8) and SCAN_T1-off renders at TP 8, and
     the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on); stage 0 on 8 warps
     (KSPLIT 8: each stage its own binary)."""
     full, tiny = load_spec(ROOT / "models/beam.yaml"), tiny_spec_()
@@ -557,6 +561,8 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
             ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
             ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
+            ("full-tp8,combine-r64,T8", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5, COMBINE_R=64),
+             (8, True)),
             ("full-tp8,no-scan-t1", dict(moe_constants(full, 8), SCAN_T1=False), (1, True)),
             ("full-tp8,trigger-at-once", dict(moe_constants(full, 8), LATE_TRIGGER=False), (1, True)),
             ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True)),
@@ -637,8 +643,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 24
-    assert sum(r["pdl"] for r in results) == 22
+    assert len(results) == 2 * len(_variants()) == 26
+    assert sum(r["pdl"] for r in results) == 24
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

@@ -234,11 +234,12 @@ def test_moe_nvfp4_decode_combine_render(T, relaid, kind, tmp_path_factory):
     assert line["h_rel_err"] < 1e-2, line
 
 
-# COMBINE render options that change no value: EARLY1 (stage 1 reads its routing and its weights before the PDL wait).
+# COMBINE render options that change no value: EARLY1 (stage 1 reads its routing and its weights before the PDL wait);
+# COMBINE_R 64 (64 A rows per stage-1 warp: twice the rows of H per program, half the programs).
 # (The twentieth session's L2 prefetch renders ran here too before they were removed: s20run2-3; so did GSCALE_EARLY
 # and SCALAR_BASE, stage 0's early global scales and scalar base pointers, before they were measured slower and
 # removed: 2026-12-02.)
-RENDER_VARIANTS = {"early1": dict(EARLY1=True)}
+RENDER_VARIANTS = {"early1": dict(EARLY1=True), "r64": dict(COMBINE_R=64)}
 
 
 @pytest.mark.parametrize("variant", sorted(RENDER_VARIANTS))
@@ -256,7 +257,8 @@ def test_moe_nvfp4_decode_combine_variant(T, relaid, kind, variant, tmp_path_fac
                                                                                   **extra)), d)
                             for extra in ({}, RENDER_VARIANTS[variant]))
     mods = _CACHE[key]
-    assert mods[0].EARLY1_CHUNKS == 0 and mods[1].EARLY1_CHUNKS == 5
+    assert (mods[0].EARLY1_CHUNKS, mods[0].COMBINE_R) == (0, 32)
+    assert (mods[1].EARLY1_CHUNKS, mods[1].COMBINE_R) == {"early1": (5, 32), "r64": (0, 64)}[variant]
     params = _weights(relaid, mods[0])
     x = torch.empty(T, c["H"], dtype=torch.bfloat16, device="cuda")
     idx = torch.empty(T, c["TOP_K"], dtype=torch.int64, device="cuda")
