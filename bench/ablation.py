@@ -98,11 +98,12 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
             overrides: dict | None = None, prefill: bool = True, options: dict | None = None,
             outputs: list | None = None, keep: list | None = None, decode_batch: int = 1) -> dict:
     """One package (these passes; `overrides`: template constants pinned, `beamc compile --set`; `options`: more
-    `compile_package` keywords) on the shared weights: batch-1 decode at the context and, with `prefill`, the
-    batch x chunk prefill after it. `outputs`: a list that receives the logits of the two decode steps before the
-    timed ones (graph replays, the same inputs for every package: compare them across packages). `keep` (decode
-    only): a list that receives (model, a function replaying its timed decode step), the model kept loaded with its
-    sequence, so that the caller can time it again beside other packages (bench/variants.py --rounds).
+    `compile_package` keywords) on the shared weights: decode at the context (`decode_batch` sequences) and, with
+    `prefill`, the batch x chunk prefill after it. `outputs`: a list that receives the logits of the two decode
+    steps before the timed ones (graph replays, the same inputs for every package: compare them across packages).
+    `keep` (decode only): a list that receives (model, a function replaying its timed decode step), the model kept
+    loaded with its sequences, so that the caller can time it again beside other packages (bench/variants.py
+    --rounds).
     `decode_batch`: the decode step's sequences (each at the context, its own fill seed; batch 1 by default), its
     bucket captured at load; the roofline is a batch-1 figure (left out at B > 1)."""
     assert keep is None or not prefill, "keep: decode only (the kept model holds its decode sequence)"
@@ -125,7 +126,7 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
     B = decode_batch
     model = Model.load(pkg, None, device=str(device), spec=spec, tp=a.tp, rank=0, kv_dtype="fp8", weights=weights,
                        max_batch=max(a.batch, B), max_context=max_context, max_prefill_tokens=a.batch * a.chunk,
-                       decode_buckets=sorted({1, a.batch, B}), prefill_buckets=[a.batch * a.chunk])  # ~the buckets timed
+                       decode_buckets=sorted({1, a.batch, B}), prefill_buckets=[a.batch * a.chunk])  # ~those timed
     fm.sync(device)
     row["load_s"] = round(time.perf_counter() - t, 1)
     gen = torch.Generator().manual_seed(a.seed)
@@ -135,7 +136,7 @@ def run_row(a, spec, passes: list[str], weights: dict, device, tmpdir: Path, tag
 
     try:
         # ---- decode: batch B (1 by default) at `context`
-        seqs_d = ["d"] if B == 1 else [f"d{j}" for j in range(B)]
+        seqs_d = [f"d{j}" for j in range(B)]
         for j, s in enumerate(seqs_d):
             model.fill_context(s, a.context, seed=a.seed + 100 * j)
         for _ in range(2):  # warm up (the decode graphs were captured at load)

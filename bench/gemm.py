@@ -10,8 +10,7 @@ Imported by `bench/kernels.py` (`bench_cases(graph_time, copy_bw)`); the records
   with this one), TB/s of weights streamed;
 - `moe_nvfp4_decode` at M = 1, 8, 64 (8 experts per token of 256, NVFP4, re-laid out as the runtime loads them),
   TB/s of the distinct chosen experts' bytes, beside the library route: the same experts' bf16 weights gathered and
-  multiplied by torch (bmm), which is
-  what the step does today without the kernel.
+  multiplied by torch (bmm), which is what the step does today without the kernel.
 Every figure is a CUDA-graph replay (`graph_time`), outputs poisoned before the timing and checked after it.
 """
 from __future__ import annotations
