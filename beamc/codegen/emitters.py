@@ -345,12 +345,49 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     spec = KernelSpec("moe_nvfp4_decode", node.op, {**fused.kernel.constants, "COMBINE": True,
                                                     "ROUTED_SCALE": a["routed_scale"]})
     fused = Launch(io(node), spec, max_tokens=most, choice=MOE_COMBINE_CHOICE)
+    frag = _moe_frag(node, fused.kernel.constants, ctx)
+    if frag is not None:  # `--moe-frag`: one-token steps take the Gluon fragment-load kernel
+        fused = dataclasses.replace(fused, min_tokens=2)
     rest = []
     for ln in runs:  # the same launches from most + 1 tokens on
         if ln.max_tokens is not None and ln.max_tokens <= most:
             continue
         rest.append(dataclasses.replace(ln, min_tokens=max(ln.min_tokens, most + 1)))
-    return [fused] + rest + [combine]
+    return ([frag] if frag is not None else []) + [fused] + rest + [combine]
+
+
+# `--moe-frag` (off by default): one-token steps run a moe_experts with `combine` as moe_nvfp4_frag (Gluon: every
+# warp loads its re-laid-out NVFP4 words straight into MMA A fragments). Its first form measured slower than the
+# COMBINE render alone on the H200 (both launches, L2 flushed, TP-8 shapes: 27.1 against 21.8 us, s25run1); the
+# current render (x prefetched into L1, the routing and global scales read early) is not measured yet
+MOE_FRAG_CHOICE = {"one_token_kernel": "moe_nvfp4_frag", "basis": "option (--moe-frag), not yet faster on the "
+                   "H200", "source": "bench/results/moe-frag-2026-12-04-s25run1.json (H200)"}
+
+
+def frag_shapes(H: int, I: int, top_k: int, relayout_ksplit: int = 4, ksplit: int = 4) -> bool:
+    """Whether moe_nvfp4_frag renders for these shapes (its template's asserts): the relayout's chunks of >= 32
+    values (BK0: the largest power of 2 <= 256 dividing H / relayout_ksplit; BK1: <= 64 dividing I), H in whole
+    units of min(4, BK0 / 32) words over `ksplit` warps, 8 rows of I and 16 of H a program, top-k 1, 2, 4 or 8."""
+    bk0 = max((b for b in (32, 64, 128, 256) if (H // relayout_ksplit) % b == 0 and H % relayout_ksplit == 0),
+              default=0)
+    bk1 = max((b for b in (32, 64) if I % b == 0), default=0)
+    if not bk0 or not bk1 or top_k not in (1, 2, 4, 8) or I % 8 or H % 16:
+        return False
+    return H % (32 * min(4, bk0 // 32) * ksplit) == 0
+
+
+def _moe_frag(node: Node, constants: dict, ctx: Context) -> Launch | None:
+    """The one-token moe_nvfp4_frag launch of a moe_experts with `combine`, where `--moe-frag` asks for it and it
+    applies (bf16 on sm90 with the experts re-laid out, shapes it renders for); else None."""
+    if not (ctx.moe_frag and ctx.dtype == "bf16" and ctx.target == "sm90" and ctx.nvfp4_relayout):
+        return None
+    E, H, I, k = (constants[n] for n in ("E", "H", "I", "TOP_K"))
+    rk = constants.get("KSPLIT", 4)  # the decode module's stage-0 warps: its relayout's chunks
+    if not frag_shapes(H, I, k, rk):
+        return None
+    dims = dict(E=E, H=H, I=I, TOP_K=k, ROUTED_SCALE=node.attrs["routed_scale"],
+                **({"RELAYOUT_KSPLIT": rk} if rk != 4 else {}))
+    return dataclasses.replace(kernel(node, "moe_nvfp4_frag", ctx, **dims), max_tokens=1, choice=MOE_FRAG_CHOICE)
 
 
 def attention_dot(cache_dtype: str, dtype: str) -> dict:

@@ -110,5 +110,7 @@ def aot_compile(mod: ModuleType, arch: int, options: dict | None = None):
     # the launcher's own options: same warps (same reduction order), no FMA, no FTZ; constants an option set pins
     options = dict(mod.OPTIONS if options is None else options)
     constexprs = dict(mod.CONSTEXPRS, **options.pop("constexprs", {}))
+    if getattr(mod.kernel, "is_gluon", lambda: False)():  # a Gluon kernel (explicit layouts): its own front end
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn=mod.kernel, signature=mod.SIGNATURE, constexprs=constexprs, attrs=aligned)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

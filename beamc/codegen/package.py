@@ -73,6 +73,8 @@ class Package:
     # emitter's default (`emitters.MOE_COMBINE_MAX_TOKENS`, 0: off, slower in the step at T = 1);
     # `--moe-combine-max-tokens`
     moe_combine_max_tokens: int | None = None
+    # one-token decode steps: the MoE experts with `combine` as the moe_nvfp4_frag kernel (`--moe-frag`; off by default)
+    moe_frag: bool = False
     # > 0: full-attention prefill over fp8 caches converts the step's K/V once into a bf16 mirror of this many pages
     # (`--attention-mirror PAGES|auto`; auto by default since the H200 run of 2026-12-01: `auto_mirror_pages`)
     attention_mirror_pages: int = 0
@@ -111,7 +113,7 @@ class Package:
 
         def reads_relaid(ln: Launch) -> bool:
             k = ln.kernel
-            return k is not None and (k.template == "moe_nvfp4_decode" or (
+            return k is not None and (k.template in ("moe_nvfp4_decode", "moe_nvfp4_frag") or (
                 k.template == "moe_nvfp4_prefill" and not k.constants.get("NATIVE_FP4")))
 
         return [g for names, g in groups.items() if all(reads_relaid(ln) for n in names for ln in readers[n])]
@@ -125,7 +127,8 @@ class Package:
             "transform": RELAYOUT,
             "what": "each MoE layer's NVFP4 experts re-laid out once, layer by layer: codes int32 [E, N, K/8], block "
                     "scales uint8 [E, N, K/16] (the layout of moe_nvfp4_decode's RELAYOUT), global scales unchanged; "
-                    "moe_nvfp4_decode (T <= 64) and moe_nvfp4_prefill (T >= 65) both read that one copy",
+                    "moe_nvfp4_decode (T <= 64; with --moe-frag, moe_nvfp4_frag at T = 1) and moe_nvfp4_prefill "
+                    "(T >= 65) all read that one copy",
             "function": sorted({f"kernels/{g['kernel']}.py: relayout" for g in plan}),
             "layers": [g["layer"] for g in plan],
             "params": [n for g in plan for n in g["params"]]}}
@@ -171,6 +174,7 @@ class Package:
             "nvfp4_relayout": self.nvfp4_relayout,
             "moe_dequant": self.moe_dequant,
             "moe_combine_max_tokens": self.moe_combine_max_tokens,
+            "moe_frag": self.moe_frag,
             "attention_mirror_pages": self.attention_mirror_pages,
             "prefill_attention_gate": {"fused": self.prefill_attention_gate, **PREFILL_ATTENTION_GATE_CHOICE},
             "template_overrides": self.template_overrides,
@@ -302,7 +306,7 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
                     nvfp4_relayout: bool = True, moe_dequant: bool = True,
                     attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None,
-                    prefill_attention_gate: bool = False,
+                    prefill_attention_gate: bool = False, moe_frag: bool = False,
                     template_overrides: dict[str, dict[str, Any]] | None = None, l2_prefetch_mb: int | None = None,
                     overrides_from: str = "--set") -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
@@ -320,7 +324,9 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     rendered from it; `overrides_from` names where they came from in errors); recorded likewise.
     `prefill_attention_gate`: prefill steps run an attention_gate op as the attention kernel's GATE render (True) or
     as the attention then the sigmoid_gate kernel (False, the default: PREFILL_ATTENTION_GATE_CHOICE); decode steps
-    always fuse; recorded likewise. `l2_prefetch_mb`: decode steps prefetch the weights of the launches after each
+    always fuse; recorded likewise. `moe_frag`: one-token steps run a moe_experts with `combine` as the
+    moe_nvfp4_frag kernel where it applies (sm90, bf16, the relayout on: `emitters.MOE_FRAG_CHOICE`); recorded
+    likewise. `l2_prefetch_mb`: decode steps prefetch the weights of the launches after each
     latency-bound op into L2 while it runs, up to this many MB each (`codegen.prefetch`; 0: off; None:
     L2_PREFETCH_MB); recorded likewise."""
     template_overrides = validate_overrides(template_overrides, overrides_from)
@@ -337,6 +343,7 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
                   moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages,
                   moe_combine_max_tokens=moe_combine_max_tokens, prefill_attention_gate=prefill_attention_gate,
+                  nvfp4_relayout=nvfp4_relayout, moe_frag=moe_frag,
                   template_overrides=template_overrides, overrides_from=overrides_from)
     if l2_prefetch_mb is None:
         l2_prefetch_mb = L2_PREFETCH_MB
@@ -370,5 +377,5 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
                    page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant,
                    attention_mirror_pages=attention_mirror_pages, moe_combine_max_tokens=moe_combine_max_tokens,
-                   prefill_attention_gate=prefill_attention_gate, template_overrides=template_overrides,
-                   l2_prefetch_mb=l2_prefetch_mb)
+                   prefill_attention_gate=prefill_attention_gate, moe_frag=moe_frag,
+                   template_overrides=template_overrides, l2_prefetch_mb=l2_prefetch_mb)

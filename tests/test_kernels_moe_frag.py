@@ -1,0 +1,152 @@
+"""moe_nvfp4_frag (the one-token NVFP4 MoE experts + combine in Gluon, `beamc compile --moe-frag`) on the CPU: its
+renders compile ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes and the tiny spec's TP-1 / TP-2
+shapes (both stages' binaries, the launcher's options, no local memory); the PTX holds the fragment MMAs, the
+decode, the L1 prefetches and PDL's wait before any load; the emitter picks it only where it applies; its launcher
+refuses what it cannot take. A Gluon kernel does not run in Triton's CPU interpreter: its numerics are checked on
+the H200 (tests/gpu/test_kernels_moe_gpu.py::test_moe_nvfp4_frag: against the fp32 reference and the decode
+kernel's COMBINE render, which the interpreter checks here)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.codegen.emitters import frag_shapes
+from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
+from beamc.codegen.package import compile_package
+from beamc.passes.manager import PASSES
+from beamc.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4),
+          "tiny-tp2": dict(E=16, H=256, I=32, TOP_K=4)}
+
+
+def _constants(shape: str, **extra) -> dict:
+    return dict(DTYPE="bf16", ROUTED_SCALE=2.5, **SHAPES[shape], **extra)
+
+
+def _local_bytes(cubin: bytes) -> int | None:
+    """LOCAL (spill) bytes of a cubin by cuobjdump, when the toolkit has it (else None)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.exists():
+        return None
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"frag-{os.getpid()}.cubin"
+    path.write_bytes(cubin)
+    out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True).stdout
+    m = re.search(r"LOCAL:(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def _compile(args) -> list[dict]:
+    """Both stages' binaries of one render for one arch, in a worker process: what the test asserts about them."""
+    label, constants, arch, directory = args
+    os.environ.pop("TRITON_INTERPRET", None)
+    mod = load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", constants), directory)
+    out = []
+    for stage, opts in enumerate(launch_options(mod)):
+        ck = aot_compile(mod, arch, opts)
+        ptx = ck.asm["ptx"]
+        body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
+        head = ptx[:ptx.index("griddepcontrol.wait")] if body else ptx
+        out.append(dict(label=f"{label}@sm_{arch}/stage{stage}", stage=stage, options=opts,
+                        launch_pdl=bool(ck.metadata.launch_pdl), local=_local_bytes(ck.asm["cubin"]),
+                        mma=len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16", ptx)),
+                        bf16x2=ptx.count("mul.rn.bf16x2"), prefetch_l1=ptx.count("prefetch.global.L1"),
+                        waits=ptx.count("griddepcontrol.wait"), triggers=ptx.count("griddepcontrol.launch_dependents"),
+                        loads_before_wait=len(re.findall(r"\bld\.global", head)),
+                        loads_after_wait=len(re.findall(r"\bld\.global", body)),
+                        cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+                        units=(mod.NU0, mod.NU1), words=(mod.U0, mod.U1), top_k=mod.TOP_K))
+    return out
+
+
+def test_frag_renders_compile_for_sm90a_and_sm100a(tmp_path):
+    """Every shape, as by default and with CP_ASYNC, for sm_90a and sm_100a (2 processes): two binaries (stage 0 on KSPLIT warps capped for 3 programs
+    an SM at the TP-8 shapes, stage 1 on TOP_K warps), PDL launches, no local memory; the PTX has 2 MMAs and 8
+    bf16x2 scale multiplies per unit word pair, one L1 prefetch per stage; stage 0 waits (PDL) before its first
+    load, stage 1 reads its weights and routing before its wait and only h after it."""
+    jobs = [(label + tag, _constants(label, **extra), arch, str(tmp_path / f"sm{arch}"))
+            for label in SHAPES for tag, extra in (("", {}), ("/cp.async", dict(CP_ASYNC=True)))
+            for arch in (90, 100)]
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = [r for rs in pool.map(_compile, jobs) for r in rs]
+    assert len(results) == 2 * len(jobs)
+    for r in results:
+        assert r["launch_pdl"] and r["local"] in (0, None), r
+        assert r["mma"] >= 2 and r["mma"] % 2 == 0 and r["bf16x2"] == 4 * r["mma"], r
+        assert r["prefetch_l1"] == 1 and r["waits"] == 1 and r["triggers"] == 1, r
+        assert ("cp.async" in r["label"]) == (r["cp_async"] > 0), r  # (CP_ASYNC: the words through cp.async)
+        if r["stage"] == 0:
+            assert r["loads_before_wait"] == 0 and r["options"]["num_warps"] == 4, r
+            if r["label"].startswith("full"):
+                assert r["options"]["maxnreg"] == 168 and r["units"] == (10, 5), r
+        else:
+            assert r["loads_before_wait"] > 0 and r["loads_after_wait"] > 0, r
+            assert r["options"]["num_warps"] == r["top_k"], r
+
+
+def test_frag_shapes_follow_the_template():
+    """`emitters.frag_shapes` (the emitter's test) agrees with what the template renders: the full spec's and the
+    tiny spec's ranks render; shapes whose relayout chunks are below 32 values, odd top-k or rows do not."""
+    spec, tiny = load_spec(ROOT / "models/beam.yaml"), load_spec(ROOT / "models/beam-tiny.yaml")
+    for s, tp in ((spec, 8), (spec, 1), (tiny, 1), (tiny, 2)):
+        H, I, k = s.hidden_size, s.mlp.moe.d_ff // tp, s.mlp.moe.top_k
+        assert frag_shapes(H, I, k), (H, I, k)
+    assert not frag_shapes(256, 48, 4)  # I: 16-value chunks
+    assert not frag_shapes(256, 64, 6)  # top-k 6
+    assert not frag_shapes(200, 64, 4)  # H / 4 = 50
+    for label, c in SHAPES.items():
+        load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", _constants(label)), None)
+
+
+def test_frag_is_an_option_of_one_token_bf16_sm90_steps():
+    """`--moe-frag`: at TP 2 (the combine_experts pass's op), the tiny spec's one-token decode steps take
+    moe_nvfp4_frag, two to 8 tokens the COMBINE render as before; recorded in the manifest; the experts' relayout
+    unchanged (the frag kernel reads it). Off by default, and never for fp32 instances, sm100 or without the
+    relayout (it reads only the re-laid-out words)."""
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+
+    def moe(pkg):
+        return [(ln.kernel.template, ln.min_tokens, ln.max_tokens) for n, ln in pkg.steps["decode"].launches
+                if n.op == "moe_experts" and ln.kernel is not None]
+
+    on = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16", moe_frag=True)
+    got = moe(on)
+    assert got[:2] == [("moe_nvfp4_frag", 0, 1), ("moe_nvfp4_decode", 2, 8)], got
+    assert on.manifest()["moe_frag"] is True and on.nvfp4_relayouts()
+    frag = next(ln.kernel for n, ln in on.steps["decode"].launches if ln.kernel and ln.kernel.template == "moe_nvfp4_frag")
+    assert frag.constants["ROUTED_SCALE"] == 2.5 and frag.constants["TOP_K"] == 4
+    off = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16")
+    assert all(t != "moe_nvfp4_frag" for t, *_ in moe(off)) and off.manifest()["moe_frag"] is False
+    for kw in (dict(dtype="f32"), dict(dtype="bf16", target="sm100"), dict(dtype="bf16", nvfp4_relayout=False)):
+        pkg = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), moe_frag=True, **kw)
+        assert all(t != "moe_nvfp4_frag" for t, *_ in moe(pkg)), kw
+
+
+def test_frag_launcher_refuses_what_it_cannot_take():
+    """Two tokens, ModelOpt (uint8) codes, fp32 activations: refused before any launch, naming what to use."""
+    mod = load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", _constants("tiny-tp2")), None)
+    E, H, I, k = 16, 256, 32, 4
+    ps = [torch.zeros(E, 2 * I, H // 8, dtype=torch.int32), torch.zeros(E, 2 * I, H // 16, dtype=torch.uint8),
+          torch.ones(E, 2), torch.zeros(E, H, I // 8, dtype=torch.int32), torch.zeros(E, H, I // 16, dtype=torch.uint8),
+          torch.ones(E, 1)]
+    x, idx, w = torch.zeros(2, H, dtype=torch.bfloat16), torch.zeros(2, k, dtype=torch.int64), torch.zeros(2, k)
+    with pytest.raises(AssertionError, match="one token a step"):
+        mod.launch(x, idx, *ps, w, torch.zeros(2, H, dtype=torch.bfloat16))
+    raw = [ps[0].view(torch.uint8)[..., : H // 2].contiguous()] + ps[1:]
+    with pytest.raises(AssertionError, match="re-laid-out"):
+        mod.launch(x[:1], idx[:1], *raw, w[:1], torch.zeros(1, H, dtype=torch.bfloat16))
+    with pytest.raises(AssertionError):
+        mod.launch(x[:1].float(), idx[:1], *ps, w[:1], torch.zeros(1, H, dtype=torch.bfloat16))
+    with pytest.raises(AssertionError, match="bf16 only"):
+        load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", dict(_constants("tiny-tp2"), DTYPE="f32")), None)
