@@ -118,11 +118,11 @@ def _parser() -> argparse.ArgumentParser:
                         "the expert kernels then moe_combine; 0: off. Default: 8 (on the H200 the whole decode step at 1 "
                         "token 2.59 -> 2.52 ms, the kernel alone faster at 2-8 tokens: docs/perf-log.md, sixteenth "
                         "session)")
-    c.add_argument("--moe-frag", action="store_true",
-                   help="one-token decode steps run each MoE layer's experts and top-k combine as moe_nvfp4_frag (a "
-                        "Gluon kernel: every warp loads its re-laid-out NVFP4 words straight into tensor-core MMA "
-                        "fragments; sm90, bf16, with the NVFP4 relayout); off by default until it measures faster "
-                        "on the H200 (docs/perf-log.md, twenty-fifth session)")
+    c.add_argument("--moe-frag-max-tokens", type=int, default=0, metavar="N",
+                   help="decode steps of up to N tokens (at most the COMBINE range) run each MoE layer's experts and "
+                        "top-k combine as moe_nvfp4_frag (a Gluon kernel: every warp loads its re-laid-out NVFP4 "
+                        "words straight into tensor-core MMA fragments; sm90, bf16, with the NVFP4 relayout); 0, the "
+                        "default: off until it measures faster on the H200 (docs/perf-log.md, twenty-fifth session)")
     c.add_argument("--attention-mirror", type=_mirror_pages, default=None, metavar="PAGES|auto",
                    help="full-attention prefill over an fp8 KV cache converts the step's K/V once into a bf16 "
                         "mirror of PAGES pages per launch (2 x PAGES x page size x KV heads x head dim x 2 bytes of "

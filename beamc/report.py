@@ -243,7 +243,7 @@ def compile_command(args: argparse.Namespace) -> None:
                               moe_dequant=getattr(args, "moe_dequant", True),
                               attention_mirror_pages=getattr(args, "attention_mirror", None),
                               moe_combine_max_tokens=getattr(args, "moe_combine_max_tokens", None),
-                              moe_frag=getattr(args, "moe_frag", False),
+                              moe_frag_max_tokens=getattr(args, "moe_frag_max_tokens", 0),
                               prefill_attention_gate=getattr(args, "prefill_attention_gate", False),
                               template_overrides=overrides,
                               l2_prefetch_mb=getattr(args, "l2_prefetch_mb", None))

@@ -1,10 +1,11 @@
-"""Issue 8: the fragment-load NVFP4 MoE kernel at one token (moe_nvfp4_frag, Gluon) against the fp32-accumulated
-reference and the moe_nvfp4_decode COMBINE render, TP-8 shapes, on the H200.
+"""Issue 8: the fragment-load NVFP4 MoE kernel of small decode steps (moe_nvfp4_frag, Gluon) against the
+fp32-accumulated reference and the moe_nvfp4_decode COMBINE render, TP-8 shapes, on the H200.
 
-    python bench/moe_frag_bench.py --out DIR [--variants default,ks8,...]   (a table last; DIR/moe-frag-<date>.json)
+    python bench/moe_frag_bench.py --out DIR [--tokens 1,8] [--variants default,ks8,...]
+                                           (a table last; DIR/moe-frag-<date>.json)
 
-Three checks on fresh inputs (h and out against the reference, ||.|| / ||ref|| < 1e-2; out against the COMBINE
-render), then CUDA graphs replayed after a 256 MB write that flushes the L2: the COMBINE render's two launches, and
+At each token count, three checks on fresh inputs (h and out against the reference, ||.|| / ||ref|| < 1e-2; out
+against the COMBINE render), then CUDA graphs replayed after a 256 MB write that flushes the L2: the COMBINE render's two launches, and
 for each render of the frag template (VARIANTS: its constants) both launches, each alone, and both with every
 expert id invalid (no weight read: the fixed cost of the chains); `torch.sum` over the same bytes beside them.
 """
@@ -40,6 +41,13 @@ VARIANTS = {
     "ks4 uncapped": {"MAXNREG0": 0},  # ~184 registers: 2 programs an SM
     "cp.async": {"CP_ASYNC": True},  # the words (and stage 0's scales) through shared memory, all issued first
     "cp.async ks8": {"CP_ASYNC": True, "KSPLIT": 8},
+    "cp.async g2": {"CP_ASYNC": True, "CP_GROUPS": 2},  # stage 0's copies in 2 / 5 / 10 commit groups
+    "cp.async g5": {"CP_ASYNC": True, "CP_GROUPS": 5},
+    "cp.async g10": {"CP_ASYNC": True, "CP_GROUPS": 10},
+    # 96 registers (no spill with cp.async): 3 stage-0 programs an SM leave room for a stage-1 program beside them,
+    # which then reads its words (before its PDL wait) while stage 0 finishes
+    "cp.async g5 r96": {"CP_ASYNC": True, "CP_GROUPS": 5, "MAXNREG0": 96},
+    "cp.async r96": {"CP_ASYNC": True, "MAXNREG0": 96},
 }
 
 
@@ -52,6 +60,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--tokens", default="1", help="comma-separated token counts (8 distinct experts a token)")
     a = ap.parse_args(argv)
     c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
     E, H, I, K = c["E"], c["H"], c["I"], c["TOP_K"]
@@ -59,7 +68,7 @@ def main(argv=None) -> dict:
     cur = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=2.5)), kdir)
     mods = {v: load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", dict(c, ROUTED_SCALE=2.5, **VARIANTS[v])),
                            kdir) for v in a.variants.split(",")}
-    frag = mods[next(iter(mods))]
+    frag = mods[next(iter(mods))]  # (the checks: the first variant's render)
     g = torch.Generator().manual_seed(1)
     raw = nvfp4_experts(E, H, I, g, device="cuda")
     ps = cur.relayout(raw)
@@ -69,65 +78,67 @@ def main(argv=None) -> dict:
     import triton
     facts["triton"] = triton.__version__
     per_expert = 2 * I * H // 2 + 2 * I * H // 16 + H * I // 2 + H * I // 16 + 12
-    nbytes = K * per_expert
-    checks = []
-    for trial in range(3):  # fresh inputs each check
-        x = torch.randn(1, H, generator=g).bfloat16().cuda()
-        idx = distinct_idx(1, E, K, g).cuda()
-        w = (torch.rand(1, K, generator=g) + 0.05).cuda()
-        h = torch.full((K * I,), float("nan"), dtype=torch.bfloat16, device="cuda")
-        out = torch.full((1, H), float("nan"), dtype=torch.bfloat16, device="cuda")
-        frag.launch(x, idx, *ps, w, out, h)
-        torch.cuda.synchronize()
-        href = h_reference(x, idx, raw).view(-1)
-        ref = combined_reference(x, idx, raw, w, 2.5)
-        o2 = torch.full((1, H), float("nan"), dtype=torch.bfloat16, device="cuda")
-        cur.launch(x, idx, *ps, w, o2)
-        torch.cuda.synchronize()
-        checks.append(dict(h_rel=rel(h, href), out_rel=rel(out, ref), cur_rel=rel(o2, ref), out_vs_cur=rel(out, o2),
-                           finite=bool(torch.isfinite(out).all() and torch.isfinite(h).all())))
-        print(checks[-1], flush=True)
-    facts["checks"] = checks
-    ok = all(ch["finite"] and ch["h_rel"] < 1e-2 and ch["out_rel"] < 1e-2 for ch in checks)
-    buf = torch.randn(nbytes // 4, device="cuda")
-    rows.append(dict(variant="torch.sum, same bytes", us=graph_us(lambda: buf.sum(), flush, a.reps)))
-    rows.append(dict(variant="current COMBINE (both)", us=graph_us(lambda: cur.launch(x, idx, *ps, w, o2), flush,
-                                                                  a.reps)))
-    for name, m in mods.items():  # timed even if a check failed (the table says so)
-        try:
-            def stage(st, m=m, ids=idx):
-                opts = dict(m.STAGE_OPTIONS[st])
-                cx = dict(m.CONSTEXPRS, **opts.pop("constexprs"))
-                grid = (K, I // 8) if st == 0 else (H // 16,)
-                return m.kernel[grid](x, ids, *ps, w, out, h, **cx, **opts)
-            ks = [stage(0), stage(1)]
+    checks, ok = [], True
+    for T in (int(t) for t in a.tokens.split(",")):
+        for trial in range(3):  # fresh inputs each check
+            x = torch.randn(T, H, generator=g).bfloat16().cuda()
+            idx = distinct_idx(T, E, K, g).cuda()
+            w = (torch.rand(T, K, generator=g) + 0.05).cuda()
+            h = torch.full((T * K * I,), float("nan"), dtype=torch.bfloat16, device="cuda")
+            out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+            frag.launch(x, idx, *ps, w, out, h)
+            o2 = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+            cur.launch(x, idx, *ps, w, o2)
             torch.cuda.synchronize()
-            r = dict(variant=name, constants=VARIANTS[name], regs=[k.n_regs for k in ks],
-                     spills=[k.n_spills for k in ks], out_rel=rel(out, combined_reference(x, idx, raw, w, 2.5)))
-            r["us"] = graph_us(lambda: (stage(0), stage(1)), flush, a.reps)
-            r["stage0_us"] = graph_us(lambda: stage(0), flush, a.reps)
-            r["stage1_us"] = graph_us(lambda: stage(1), flush, a.reps)
-            bad = torch.full_like(idx, E)
-            r["ids_invalid_us"] = graph_us(lambda: (stage(0, ids=bad), stage(1, ids=bad)), flush, a.reps)
-        except Exception as e:  # reported, the rest go on
-            r = dict(variant=name, error=f"{type(e).__name__}: {str(e)[:300]}")
-        rows.append(r)
-        print(r, flush=True)
+            ref = combined_reference(x, idx, raw, w, 2.5)
+            checks.append(dict(T=T, h_rel=rel(h, h_reference(x, idx, raw).view(-1)), out_rel=rel(out, ref),
+                               cur_rel=rel(o2, ref), out_vs_cur=rel(out, o2),
+                               finite=bool(torch.isfinite(out).all() and torch.isfinite(h).all())))
+            ok = ok and checks[-1]["finite"] and checks[-1]["h_rel"] < 1e-2 and checks[-1]["out_rel"] < 1e-2
+            print(checks[-1], flush=True)
+        nbytes = int(torch.unique(idx).numel()) * per_expert  # the chosen experts' bytes (each read once at least)
+        buf = torch.randn(nbytes // 4, device="cuda")
+        rows.append(dict(T=T, bytes=nbytes, variant="torch.sum, same bytes",
+                         us=graph_us(lambda: buf.sum(), flush, a.reps)))
+        rows.append(dict(T=T, bytes=nbytes, variant="COMBINE render (both)",
+                         us=graph_us(lambda: cur.launch(x, idx, *ps, w, o2), flush, a.reps)))
+        for name, m in mods.items():  # timed even if a check failed (the table says so)
+            try:
+                def stage(st, m=m, ids=idx, x=x, w=w, out=out, h=h, T=T):
+                    opts = dict(m.STAGE_OPTIONS[st])
+                    cx = dict(m.CONSTEXPRS, **opts.pop("constexprs"))
+                    grid = (T * K, I // 8) if st == 0 else (H // 16, T)
+                    return m.kernel[grid](x, ids, *ps, w, out, h, **cx, **opts)
+                ks = [stage(0), stage(1)]
+                torch.cuda.synchronize()
+                r = dict(T=T, bytes=nbytes, variant=name, constants=VARIANTS[name], regs=[k.n_regs for k in ks],
+                         spills=[k.n_spills for k in ks], out_rel=rel(out, combined_reference(x, idx, raw, w, 2.5)))
+                r["us"] = graph_us(lambda: (stage(0), stage(1)), flush, a.reps)
+                r["stage0_us"] = graph_us(lambda: stage(0), flush, a.reps)
+                r["stage1_us"] = graph_us(lambda: stage(1), flush, a.reps)
+                bad = torch.full_like(idx, E)
+                r["ids_invalid_us"] = graph_us(lambda: (stage(0, ids=bad), stage(1, ids=bad)), flush, a.reps)
+            except Exception as e:  # reported, the rest go on
+                r = dict(T=T, variant=name, error=f"{type(e).__name__}: {str(e)[:300]}")
+            rows.append(r)
+            print(r, flush=True)
+    facts["checks"] = checks
     for r in rows:
         if "us" in r:
-            r["tb_s"] = nbytes / r["us"] / 1e6
+            r["tb_s"] = r["bytes"] / r["us"] / 1e6
     facts["records"] = rows
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"moe-frag-{facts['date']}.json").write_text(json.dumps(facts, indent=1) + "\n")
-    print(f"checks ok: {ok}; bytes {nbytes / 1e6:.1f} MB")
-    print(f"{'variant':<26} {'us':>7} {'stage0':>7} {'stage1':>7} {'TB/s':>6} {'no-read':>7} regs")
+    print(f"checks ok: {ok}")
+    print(f"{'T':>2} {'variant':<22} {'us':>7} {'stage0':>7} {'stage1':>7} {'TB/s':>6} {'no-read':>7} regs")
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:<26} {r['error'][:100]}")
+            print(f"{r['T']:>2} {r['variant']:<22} {r['error'][:100]}")
         else:
-            print(f"{r['variant']:<26} {r['us']:>7.2f} {r.get('stage0_us', 0):>7.2f} {r.get('stage1_us', 0):>7.2f} "
-                  f"{r['tb_s']:>6.2f} {r.get('ids_invalid_us', 0):>7.2f} {r.get('regs', '')}")
+            print(f"{r['T']:>2} {r['variant']:<22} {r['us']:>7.2f} {r.get('stage0_us', 0):>7.2f} "
+                  f"{r.get('stage1_us', 0):>7.2f} {r['tb_s']:>6.2f} {r.get('ids_invalid_us', 0):>7.2f} "
+                  f"{r.get('regs', '')}")
     return facts
 
 

@@ -1,4 +1,4 @@
-"""moe_nvfp4_frag (the one-token NVFP4 MoE experts + combine in Gluon, `beamc compile --moe-frag`) on the CPU: its
+"""moe_nvfp4_frag (the one-token NVFP4 MoE experts + combine in Gluon, `beamc compile --moe-frag-max-tokens N`) on the CPU: its
 renders compile ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes and the tiny spec's TP-1 / TP-2
 shapes (both stages' binaries, the launcher's options, no local memory); the PTX holds the fragment MMAs, the
 decode, the L1 prefetches and PDL's wait before any load; the emitter picks it only where it applies; its launcher
@@ -21,6 +21,7 @@ import torch
 from beamc.codegen.emitters import frag_shapes
 from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.codegen.package import compile_package
+from beamc.errors import BeamcError
 from beamc.passes.manager import PASSES
 from beamc.spec import load_spec
 
@@ -66,6 +67,7 @@ def _compile(args) -> list[dict]:
                         loads_before_wait=len(re.findall(r"\bld\.global", head)),
                         loads_after_wait=len(re.findall(r"\bld\.global", body)),
                         cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+                        group_waits=len(re.findall(r"cp\.async\.wait_group", ptx)),
                         units=(mod.NU0, mod.NU1), words=(mod.U0, mod.U1), top_k=mod.TOP_K))
     return out
 
@@ -76,16 +78,19 @@ def test_frag_renders_compile_for_sm90a_and_sm100a(tmp_path):
     bf16x2 scale multiplies per unit word pair, one L1 prefetch per stage; stage 0 waits (PDL) before its first
     load, stage 1 reads its weights and routing before its wait and only h after it."""
     jobs = [(label + tag, _constants(label, **extra), arch, str(tmp_path / f"sm{arch}"))
-            for label in SHAPES for tag, extra in (("", {}), ("/cp.async", dict(CP_ASYNC=True)))
-            for arch in (90, 100)]
+            for label in SHAPES for tag, extra in (("", {}), ("/cp.async", dict(CP_ASYNC=True)),
+                                                   ("/cp.async-groups", dict(CP_ASYNC=True, CP_GROUPS=2)))
+            for arch in (90, 100) if label.startswith("full") or "groups" not in tag]  # (tiny: 1 unit a warp)
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = [r for rs in pool.map(_compile, jobs) for r in rs]
-    assert len(results) == 2 * len(jobs)
+    assert len(results) == 2 * len(jobs) == 2 * 2 * (3 * 2 + 1)
     for r in results:
         assert r["launch_pdl"] and r["local"] in (0, None), r
         assert r["mma"] >= 2 and r["mma"] % 2 == 0 and r["bf16x2"] == 4 * r["mma"], r
         assert r["prefetch_l1"] == 1 and r["waits"] == 1 and r["triggers"] == 1, r
         assert ("cp.async" in r["label"]) == (r["cp_async"] > 0), r  # (CP_ASYNC: the words through cp.async)
+        if r["stage"] == 0 and "cp.async" in r["label"]:  # one wait a commit group (CP_GROUPS 2: 2 on 2+ units)
+            assert r["group_waits"] == (2 if "groups" in r["label"] else 1), r
         if r["stage"] == 0:
             assert r["loads_before_wait"] == 0 and r["options"]["num_warps"] == 4, r
             if r["label"].startswith("full"):
@@ -109,40 +114,45 @@ def test_frag_shapes_follow_the_template():
         load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", _constants(label)), None)
 
 
-def test_frag_is_an_option_of_one_token_bf16_sm90_steps():
-    """`--moe-frag`: at TP 2 (the combine_experts pass's op), the tiny spec's one-token decode steps take
-    moe_nvfp4_frag, two to 8 tokens the COMBINE render as before; recorded in the manifest; the experts' relayout
-    unchanged (the frag kernel reads it). Off by default, and never for fp32 instances, sm100 or without the
-    relayout (it reads only the re-laid-out words)."""
+def test_frag_is_an_option_of_small_bf16_sm90_steps():
+    """`--moe-frag-max-tokens N`: at TP 2 (the combine_experts pass's op), the tiny spec's decode steps of up to N
+    tokens take moe_nvfp4_frag, then up to 8 tokens the COMBINE render as before (N >= 8: none of it); recorded in
+    the manifest; the experts' relayout unchanged (the frag kernel reads it). Off by default, and never for fp32
+    instances, sm100 or without the relayout (it reads only the re-laid-out words); a negative count refused."""
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
 
     def moe(pkg):
         return [(ln.kernel.template, ln.min_tokens, ln.max_tokens) for n, ln in pkg.steps["decode"].launches
                 if n.op == "moe_experts" and ln.kernel is not None]
 
-    on = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16", moe_frag=True)
+    on = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16", moe_frag_max_tokens=1)
     got = moe(on)
     assert got[:2] == [("moe_nvfp4_frag", 0, 1), ("moe_nvfp4_decode", 2, 8)], got
-    assert on.manifest()["moe_frag"] is True and on.nvfp4_relayouts()
+    assert on.manifest()["moe_frag_max_tokens"] == 1 and on.nvfp4_relayouts()
+    all8 = moe(compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16",
+                               moe_frag_max_tokens=20))
+    assert all8[0] == ("moe_nvfp4_frag", 0, 8) and all8[1][1] == 9, all8  # (capped at the COMBINE range)
+    with pytest.raises(BeamcError, match="--moe-frag-max-tokens"):
+        compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), moe_frag_max_tokens=-1)
     frag = next(ln.kernel for n, ln in on.steps["decode"].launches if ln.kernel and ln.kernel.template == "moe_nvfp4_frag")
     assert frag.constants["ROUTED_SCALE"] == 2.5 and frag.constants["TOP_K"] == 4
     off = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16")
-    assert all(t != "moe_nvfp4_frag" for t, *_ in moe(off)) and off.manifest()["moe_frag"] is False
+    assert all(t != "moe_nvfp4_frag" for t, *_ in moe(off)) and off.manifest()["moe_frag_max_tokens"] == 0
     for kw in (dict(dtype="f32"), dict(dtype="bf16", target="sm100"), dict(dtype="bf16", nvfp4_relayout=False)):
-        pkg = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), moe_frag=True, **kw)
+        pkg = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), moe_frag_max_tokens=1, **kw)
         assert all(t != "moe_nvfp4_frag" for t, *_ in moe(pkg)), kw
 
 
 def test_frag_launcher_refuses_what_it_cannot_take():
-    """Two tokens, ModelOpt (uint8) codes, fp32 activations: refused before any launch, naming what to use."""
+    """ModelOpt (uint8) codes, fp32 activations, a wrong-size output: refused before any launch."""
     mod = load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", _constants("tiny-tp2")), None)
     E, H, I, k = 16, 256, 32, 4
     ps = [torch.zeros(E, 2 * I, H // 8, dtype=torch.int32), torch.zeros(E, 2 * I, H // 16, dtype=torch.uint8),
           torch.ones(E, 2), torch.zeros(E, H, I // 8, dtype=torch.int32), torch.zeros(E, H, I // 16, dtype=torch.uint8),
           torch.ones(E, 1)]
     x, idx, w = torch.zeros(2, H, dtype=torch.bfloat16), torch.zeros(2, k, dtype=torch.int64), torch.zeros(2, k)
-    with pytest.raises(AssertionError, match="one token a step"):
-        mod.launch(x, idx, *ps, w, torch.zeros(2, H, dtype=torch.bfloat16))
+    with pytest.raises(AssertionError):
+        mod.launch(x, idx, *ps, w, torch.zeros(1, H, dtype=torch.bfloat16))
     raw = [ps[0].view(torch.uint8)[..., : H // 2].contiguous()] + ps[1:]
     with pytest.raises(AssertionError, match="re-laid-out"):
         mod.launch(x[:1], idx[:1], *raw, w[:1], torch.zeros(1, H, dtype=torch.bfloat16))

@@ -345,23 +345,23 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     spec = KernelSpec("moe_nvfp4_decode", node.op, {**fused.kernel.constants, "COMBINE": True,
                                                     "ROUTED_SCALE": a["routed_scale"]})
     fused = Launch(io(node), spec, max_tokens=most, choice=MOE_COMBINE_CHOICE)
-    frag = _moe_frag(node, fused.kernel.constants, ctx)
-    if frag is not None:  # `--moe-frag`: one-token steps take the Gluon fragment-load kernel
-        fused = dataclasses.replace(fused, min_tokens=2)
+    frag = _moe_frag(node, fused.kernel.constants, ctx, most)
+    if frag is not None:  # `--moe-frag-max-tokens`: the smallest steps take the Gluon fragment-load kernel
+        fused = dataclasses.replace(fused, min_tokens=frag.max_tokens + 1)
     rest = []
     for ln in runs:  # the same launches from most + 1 tokens on
         if ln.max_tokens is not None and ln.max_tokens <= most:
             continue
         rest.append(dataclasses.replace(ln, min_tokens=max(ln.min_tokens, most + 1)))
-    return ([frag] if frag is not None else []) + [fused] + rest + [combine]
+    return ([frag] if frag is not None else []) + ([fused] if fused.min_tokens <= most else []) + rest + [combine]
 
 
-# `--moe-frag` (off by default): one-token steps run a moe_experts with `combine` as moe_nvfp4_frag (Gluon: every
-# warp loads its re-laid-out NVFP4 words straight into MMA A fragments). Its first form measured slower than the
+# `--moe-frag-max-tokens N` (0, off, by default): steps of up to N tokens run a moe_experts with `combine` as
+# moe_nvfp4_frag (Gluon: every warp loads its re-laid-out NVFP4 words straight into MMA A fragments). Its first form measured slower than the
 # COMBINE render alone on the H200 (both launches, L2 flushed, TP-8 shapes: 27.1 against 21.8 us, s25run1); the
 # current render (x prefetched into L1, the routing and global scales read early) is not measured yet
-MOE_FRAG_CHOICE = {"one_token_kernel": "moe_nvfp4_frag", "basis": "option (--moe-frag), not yet faster on the "
-                   "H200", "source": "bench/results/moe-frag-2026-12-04-s25run1.json (H200)"}
+MOE_FRAG_CHOICE = {"small_steps_kernel": "moe_nvfp4_frag", "basis": "option (--moe-frag-max-tokens), not yet "
+                   "faster on the H200", "source": "bench/results/moe-frag-2026-12-04-s25run1.json (H200)"}
 
 
 def frag_shapes(H: int, I: int, top_k: int, relayout_ksplit: int = 4, ksplit: int = 4) -> bool:
@@ -376,10 +376,10 @@ def frag_shapes(H: int, I: int, top_k: int, relayout_ksplit: int = 4, ksplit: in
     return H % (32 * min(4, bk0 // 32) * ksplit) == 0
 
 
-def _moe_frag(node: Node, constants: dict, ctx: Context) -> Launch | None:
-    """The one-token moe_nvfp4_frag launch of a moe_experts with `combine`, where `--moe-frag` asks for it and it
-    applies (bf16 on sm90 with the experts re-laid out, shapes it renders for); else None."""
-    if not (ctx.moe_frag and ctx.dtype == "bf16" and ctx.target == "sm90" and ctx.nvfp4_relayout):
+def _moe_frag(node: Node, constants: dict, ctx: Context, most: int) -> Launch | None:
+    """The moe_nvfp4_frag launch of a moe_experts with `combine` for steps of up to min(ctx.moe_frag_max_tokens,
+    most) tokens, where it applies (bf16 on sm90 with the experts re-laid out, shapes it renders for); else None."""
+    if not (ctx.moe_frag_max_tokens and ctx.dtype == "bf16" and ctx.target == "sm90" and ctx.nvfp4_relayout):
         return None
     E, H, I, k = (constants[n] for n in ("E", "H", "I", "TOP_K"))
     rk = constants.get("KSPLIT", 4)  # the decode module's stage-0 warps: its relayout's chunks
@@ -387,7 +387,8 @@ def _moe_frag(node: Node, constants: dict, ctx: Context) -> Launch | None:
         return None
     dims = dict(E=E, H=H, I=I, TOP_K=k, ROUTED_SCALE=node.attrs["routed_scale"],
                 **({"RELAYOUT_KSPLIT": rk} if rk != 4 else {}))
-    return dataclasses.replace(kernel(node, "moe_nvfp4_frag", ctx, **dims), max_tokens=1, choice=MOE_FRAG_CHOICE)
+    return dataclasses.replace(kernel(node, "moe_nvfp4_frag", ctx, **dims), max_tokens=min(ctx.moe_frag_max_tokens, most),
+                               choice=MOE_FRAG_CHOICE)
 
 
 def attention_dot(cache_dtype: str, dtype: str) -> dict:

@@ -73,8 +73,9 @@ class Package:
     # emitter's default (`emitters.MOE_COMBINE_MAX_TOKENS`, 0: off, slower in the step at T = 1);
     # `--moe-combine-max-tokens`
     moe_combine_max_tokens: int | None = None
-    # one-token decode steps: the MoE experts with `combine` as the moe_nvfp4_frag kernel (`--moe-frag`; off by default)
-    moe_frag: bool = False
+    # decode steps of up to this many tokens: the MoE experts with `combine` as the moe_nvfp4_frag kernel
+    # (`--moe-frag-max-tokens`; 0, the default: off)
+    moe_frag_max_tokens: int = 0
     # > 0: full-attention prefill over fp8 caches converts the step's K/V once into a bf16 mirror of this many pages
     # (`--attention-mirror PAGES|auto`; auto by default since the H200 run of 2026-12-01: `auto_mirror_pages`)
     attention_mirror_pages: int = 0
@@ -127,7 +128,7 @@ class Package:
             "transform": RELAYOUT,
             "what": "each MoE layer's NVFP4 experts re-laid out once, layer by layer: codes int32 [E, N, K/8], block "
                     "scales uint8 [E, N, K/16] (the layout of moe_nvfp4_decode's RELAYOUT), global scales unchanged; "
-                    "moe_nvfp4_decode (T <= 64; with --moe-frag, moe_nvfp4_frag at T = 1) and moe_nvfp4_prefill "
+                    "moe_nvfp4_decode (T <= 64; moe_nvfp4_frag up to --moe-frag-max-tokens) and moe_nvfp4_prefill "
                     "(T >= 65) all read that one copy",
             "function": sorted({f"kernels/{g['kernel']}.py: relayout" for g in plan}),
             "layers": [g["layer"] for g in plan],
@@ -174,7 +175,7 @@ class Package:
             "nvfp4_relayout": self.nvfp4_relayout,
             "moe_dequant": self.moe_dequant,
             "moe_combine_max_tokens": self.moe_combine_max_tokens,
-            "moe_frag": self.moe_frag,
+            "moe_frag_max_tokens": self.moe_frag_max_tokens,
             "attention_mirror_pages": self.attention_mirror_pages,
             "prefill_attention_gate": {"fused": self.prefill_attention_gate, **PREFILL_ATTENTION_GATE_CHOICE},
             "template_overrides": self.template_overrides,
@@ -306,7 +307,7 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
                     nvfp4_relayout: bool = True, moe_dequant: bool = True,
                     attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None,
-                    prefill_attention_gate: bool = False, moe_frag: bool = False,
+                    prefill_attention_gate: bool = False, moe_frag_max_tokens: int = 0,
                     template_overrides: dict[str, dict[str, Any]] | None = None, l2_prefetch_mb: int | None = None,
                     overrides_from: str = "--set") -> Package:
     """Spec -> one rank's generated package (in memory; `.write(dir)` puts it on disk). `pdl`: kernels with
@@ -324,9 +325,9 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     rendered from it; `overrides_from` names where they came from in errors); recorded likewise.
     `prefill_attention_gate`: prefill steps run an attention_gate op as the attention kernel's GATE render (True) or
     as the attention then the sigmoid_gate kernel (False, the default: PREFILL_ATTENTION_GATE_CHOICE); decode steps
-    always fuse; recorded likewise. `moe_frag`: one-token steps run a moe_experts with `combine` as the
-    moe_nvfp4_frag kernel where it applies (sm90, bf16, the relayout on: `emitters.MOE_FRAG_CHOICE`); recorded
-    likewise. `l2_prefetch_mb`: decode steps prefetch the weights of the launches after each
+    always fuse; recorded likewise. `moe_frag_max_tokens`: steps of up to this many tokens (at most
+    the COMBINE range) run a moe_experts with `combine` as the moe_nvfp4_frag kernel where it applies (sm90, bf16,
+    the relayout on: `emitters.MOE_FRAG_CHOICE`; 0: off); recorded likewise. `l2_prefetch_mb`: decode steps prefetch the weights of the launches after each
     latency-bound op into L2 while it runs, up to this many MB each (`codegen.prefetch`; 0: off; None:
     L2_PREFETCH_MB); recorded likewise."""
     template_overrides = validate_overrides(template_overrides, overrides_from)
@@ -338,12 +339,14 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
                          "give a page count >= 0 (0: off) or auto")
     if attention_mirror_pages is None:
         attention_mirror_pages = auto_mirror_pages(spec, compiled.graphs[phases[0]][0])
+    if moe_frag_max_tokens < 0:
+        raise BeamcError("--moe-frag-max-tokens", f"{moe_frag_max_tokens} tokens", "give a count >= 0 (0: off)")
     if moe_combine_max_tokens is not None and moe_combine_max_tokens < 0:
         raise BeamcError("--moe-combine-max-tokens", f"{moe_combine_max_tokens} tokens", "give a count >= 0 (0: off)")
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
                   moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages,
                   moe_combine_max_tokens=moe_combine_max_tokens, prefill_attention_gate=prefill_attention_gate,
-                  nvfp4_relayout=nvfp4_relayout, moe_frag=moe_frag,
+                  nvfp4_relayout=nvfp4_relayout, moe_frag_max_tokens=moe_frag_max_tokens,
                   template_overrides=template_overrides, overrides_from=overrides_from)
     if l2_prefetch_mb is None:
         l2_prefetch_mb = L2_PREFETCH_MB
@@ -377,5 +380,5 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
                    page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant,
                    attention_mirror_pages=attention_mirror_pages, moe_combine_max_tokens=moe_combine_max_tokens,
-                   prefill_attention_gate=prefill_attention_gate, moe_frag=moe_frag,
+                   prefill_attention_gate=prefill_attention_gate, moe_frag_max_tokens=moe_frag_max_tokens,
                    template_overrides=template_overrides, l2_prefetch_mb=l2_prefetch_mb)

@@ -22,8 +22,9 @@ class Context:
     moe_combine_max_tokens: int | None = None  # up to this many tokens the MoE decode kernel's COMBINE render (a
     # moe_experts op with `combine`); None: `emitters.MOE_COMBINE_MAX_TOKENS`
     nvfp4_relayout: bool = True  # the runtime re-lays out NVFP4 experts at load (`Package.nvfp4_relayout`)
-    moe_frag: bool = False  # one-token steps: a moe_experts with `combine` as the moe_nvfp4_frag kernel (Gluon; needs
-    # the relayout, sm90, bf16; off by default until it measures faster on the H200: `emitters.MOE_FRAG_CHOICE`)
+    moe_frag_max_tokens: int = 0  # steps of up to this many tokens run a moe_experts with `combine` as the
+    # moe_nvfp4_frag kernel (Gluon; needs the relayout, sm90, bf16; 0, the default: off until it measures faster on
+    # the H200: `emitters.MOE_FRAG_CHOICE`)
     attention_mirror_pages: int = 0  # > 0: full-attention prefill over fp8 caches through a bf16 mirror of this many
     # pages (attention_prefill's MIRROR; off by default until measured on the H200)
     prefill_attention_gate: bool = False  # prefill steps: True, the output gate in the attention kernel's epilogue

@@ -369,7 +369,7 @@ class Model:
                                        moe_dequant=bool(m.get("moe_dequant", False)),
                                        attention_mirror_pages=int(m.get("attention_mirror_pages", 0)),
                                        moe_combine_max_tokens=m.get("moe_combine_max_tokens"),
-                                       moe_frag=bool(m.get("moe_frag", False)),
+                                       moe_frag_max_tokens=int(m.get("moe_frag_max_tokens", 0)),
                                        prefill_attention_gate=_prefill_gate(m),
                                        template_overrides=m.get("template_overrides") or {},
                                        l2_prefetch_mb=_prefetch_budget(m),

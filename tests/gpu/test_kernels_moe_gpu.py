@@ -353,7 +353,7 @@ def test_moe_nvfp4_decode_timing(T, relaid, tmp_path_factory):
     print(f"moe_nvfp4_decode timing T={T} relaid={relaid}: {us:.1f} us, {n} experts, {line['tb_s']:.2f} TB/s")
 
 
-# moe_nvfp4_frag (the one-token Gluon kernel, `--moe-frag`): the TP-8 shapes and the tiny spec's TP-1 / TP-2 shapes
+# moe_nvfp4_frag (the Gluon kernel for the smallest decode steps, `--moe-frag-max-tokens`): the TP-8 shapes and the tiny spec's TP-1 / TP-2 shapes
 FRAG_SHAPES = {"full-tp8": None, "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4),
                "tiny-tp2": dict(E=16, H=256, I=32, TOP_K=4)}
 

@@ -266,6 +266,41 @@ def test_tp2_rank_graphs_equal_eager_and_the_combine_render_its_two_launches(tin
     assert all(same["eager"]) and all(same["two_launches"]), summary["tp2_rank"]
 
 
+def test_tp2_rank_with_moe_frag(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary, monkeypatch):
+    """`--moe-frag-max-tokens 2`: one TP-2 rank's share (collectives skipped) whose decode steps of 1-2 tokens run
+    the MoE experts as moe_nvfp4_frag (Gluon), 3-8 tokens the COMBINE render. Through a ragged decode (min(BEAMC_RUNTIME_STEPS, 300)
+    steps, batches of 1 and more): graph replays equal eager steps bit for bit; against the package without the
+    option, each step's logits within 1e-2 relative (the frag kernel sums in another fp32 order: one bf16 rounding
+    apart where they differ, chaotic across layers only through routing flips, which the tiny spec's random
+    weights keep rare)."""
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime import graphs as rt_graphs
+    from beamc.runtime.model import SKIP_COLLECTIVES_ENV
+
+    monkeypatch.setenv(SKIP_COLLECTIVES_ENV, "1")
+    monkeypatch.delitem(rt_graphs.HOST_SYNC, "all_gather", raising=False)
+    pkgs = {}
+    for name, frag in (("frag", 2), ("plain", 0)):
+        pk = compile_package(tiny_spec, tp=2, rank=0, passes=select_passes("all"), moe_frag_max_tokens=frag)
+        used = any(ln.kernel is not None and ln.kernel.template == "moe_nvfp4_frag"
+                   for _, ln in pk.steps["decode"].launches)
+        assert used == bool(frag), name
+        pkgs[name] = pk.write(tmp_path_factory.mktemp(f"pkg_tp2_{name}"))
+    kw = dict(tp=2, rank=0, max_context=128, max_prefill_tokens=64)
+    steps = min(STEPS, 300)
+    runs = {label: _ragged_run(_load(pkgs[name], tiny_ckpt_nvfp4, **kw, **extra), steps)
+            for label, name, extra in (("graphs", "frag", {}), ("eager", "frag", {"eager": True}),
+                                       ("plain", "plain", {}))}
+    same = [bool(torch.equal(x, y)) for x, y in zip(runs["graphs"], runs["eager"])]
+    rel = [((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(runs["graphs"], runs["plain"])]
+    summary["tp2_moe_frag"] = {"steps": steps, "outputs": len(same), "bitwise_equal_eager": sum(same),
+                               "max_rel_vs_plain": max(rel), "median_rel_vs_plain": sorted(rel)[len(rel) // 2]}
+    assert all(len(r) == len(runs["graphs"]) for r in runs.values())
+    assert all(torch.isfinite(x).all() for x in runs["graphs"]) and all(same), summary["tp2_moe_frag"]
+    assert summary["tp2_moe_frag"]["median_rel_vs_plain"] < 1e-2, summary["tp2_moe_frag"]
+
+
 def test_decode_buckets_are_captured(tiny_ckpt_nvfp4, pkg_bf16, summary):
     m = _load(pkg_bf16, tiny_ckpt_nvfp4)
     summary["decode_capture"] = m.graphs.summary()
