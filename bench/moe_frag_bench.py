@@ -5,9 +5,10 @@ fp32-accumulated reference and the moe_nvfp4_decode COMBINE render, TP-8 shapes,
                                            (a table last; DIR/moe-frag-<date>.json)
 
 At each token count, three checks on fresh inputs (h and out against the reference, ||.|| / ||ref|| < 1e-2; out
-against the COMBINE render), then CUDA graphs replayed after a 256 MB write that flushes the L2: the COMBINE render's two launches, and
-for each render of the frag template (VARIANTS: its constants) both launches, each alone, and both with every
-expert id invalid (no weight read: the fixed cost of the chains); `torch.sum` over the same bytes beside them.
+against the COMBINE render), then CUDA graphs replayed after a 256 MB write that flushes the L2: the COMBINE render's
+two launches, and for each render of the frag template (VARIANTS: its constants) both launches, each alone, and both
+with every expert id invalid (no weight read: the fixed cost of the chains); `torch.sum` over the same bytes beside
+them.
 """
 from __future__ import annotations
 

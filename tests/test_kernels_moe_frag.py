@@ -1,10 +1,10 @@
-"""moe_nvfp4_frag (the one-token NVFP4 MoE experts + combine in Gluon, `beamc compile --moe-frag-max-tokens N`) on the CPU: its
-renders compile ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes and the tiny spec's TP-1 / TP-2
-shapes (both stages' binaries, the launcher's options, no local memory); the PTX holds the fragment MMAs, the
+"""moe_nvfp4_frag (the NVFP4 MoE experts + combine of small decode steps in Gluon, `beamc compile
+--moe-frag-max-tokens N`) on the CPU: its renders compile ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes and the tiny spec's TP-1
+/ TP-2 shapes (both stages' binaries, the launcher's options, no local memory); the PTX holds the fragment MMAs, the
 decode, the L1 prefetches and PDL's wait before any load; the emitter picks it only where it applies; its launcher
-refuses what it cannot take. A Gluon kernel does not run in Triton's CPU interpreter: its numerics are checked on
-the H200 (tests/gpu/test_kernels_moe_gpu.py::test_moe_nvfp4_frag: against the fp32 reference and the decode
-kernel's COMBINE render, which the interpreter checks here)."""
+refuses what it cannot take. A Gluon kernel does not run in Triton's CPU interpreter: its numerics are checked on the
+H200 (tests/gpu/test_kernels_moe_gpu.py::test_moe_nvfp4_frag: against the fp32 reference and the decode kernel's
+COMBINE render, which the interpreter checks here)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -73,10 +73,10 @@ def _compile(args) -> list[dict]:
 
 
 def test_frag_renders_compile_for_sm90a_and_sm100a(tmp_path):
-    """Every shape, as by default and with CP_ASYNC, for sm_90a and sm_100a (2 processes): two binaries (stage 0 on KSPLIT warps capped for 3 programs
-    an SM at the TP-8 shapes, stage 1 on TOP_K warps), PDL launches, no local memory; the PTX has 2 MMAs and 8
-    bf16x2 scale multiplies per unit word pair, one L1 prefetch per stage; stage 0 waits (PDL) before its first
-    load, stage 1 reads its weights and routing before its wait and only h after it."""
+    """Every shape, as by default and with CP_ASYNC, for sm_90a and sm_100a (2 processes): two binaries (stage 0 on
+    KSPLIT warps capped for 3 programs an SM at the TP-8 shapes, stage 1 on TOP_K warps), PDL launches, no local
+    memory; the PTX has 2 MMAs and 8 bf16x2 scale multiplies per unit word pair, one L1 prefetch per stage; stage 0
+    waits (PDL) before its first load, stage 1 reads its weights and routing before its wait and only h after it."""
     jobs = [(label + tag, _constants(label, **extra), arch, str(tmp_path / f"sm{arch}"))
             for label in SHAPES for tag, extra in (("", {}), ("/cp.async", dict(CP_ASYNC=True)),
                                                    ("/cp.async-groups", dict(CP_ASYNC=True, CP_GROUPS=2)))
@@ -134,7 +134,8 @@ def test_frag_is_an_option_of_small_bf16_sm90_steps():
     assert all8[0] == ("moe_nvfp4_frag", 0, 8) and all8[1][1] == 9, all8  # (capped at the COMBINE range)
     with pytest.raises(BeamcError, match="--moe-frag-max-tokens"):
         compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), moe_frag_max_tokens=-1)
-    frag = next(ln.kernel for n, ln in on.steps["decode"].launches if ln.kernel and ln.kernel.template == "moe_nvfp4_frag")
+    frag = next(ln.kernel for n, ln in on.steps["decode"].launches
+                if ln.kernel and ln.kernel.template == "moe_nvfp4_frag")
     assert frag.constants["ROUTED_SCALE"] == 2.5 and frag.constants["TOP_K"] == 4
     off = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16")
     assert all(t != "moe_nvfp4_frag" for t, *_ in moe(off)) and off.manifest()["moe_frag_max_tokens"] == 0

@@ -357,9 +357,10 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 
 
 # `--moe-frag-max-tokens N` (0, off, by default): steps of up to N tokens run a moe_experts with `combine` as
-# moe_nvfp4_frag (Gluon: every warp loads its re-laid-out NVFP4 words straight into MMA A fragments). Its first form measured slower than the
-# COMBINE render alone on the H200 (both launches, L2 flushed, TP-8 shapes: 27.1 against 21.8 us, s25run1); the
-# current render (x prefetched into L1, the routing and global scales read early) is not measured yet
+# moe_nvfp4_frag (Gluon: every warp loads its re-laid-out NVFP4 words straight into MMA A fragments). Its first form
+# measured slower than the COMBINE render alone on the H200 (both launches, L2 flushed, TP-8 shapes: 27.1 against 21.8
+# us, s25run1); the current render (x prefetched into L1, the routing and global scales read early) is not measured
+# yet
 MOE_FRAG_CHOICE = {"small_steps_kernel": "moe_nvfp4_frag", "basis": "option (--moe-frag-max-tokens), not yet "
                    "faster on the H200", "source": "bench/results/moe-frag-2026-12-04-s25run1.json (H200)"}
 
@@ -387,8 +388,8 @@ def _moe_frag(node: Node, constants: dict, ctx: Context, most: int) -> Launch | 
         return None
     dims = dict(E=E, H=H, I=I, TOP_K=k, ROUTED_SCALE=node.attrs["routed_scale"],
                 **({"RELAYOUT_KSPLIT": rk} if rk != 4 else {}))
-    return dataclasses.replace(kernel(node, "moe_nvfp4_frag", ctx, **dims), max_tokens=min(ctx.moe_frag_max_tokens, most),
-                               choice=MOE_FRAG_CHOICE)
+    most = min(ctx.moe_frag_max_tokens, most)
+    return dataclasses.replace(kernel(node, "moe_nvfp4_frag", ctx, **dims), max_tokens=most, choice=MOE_FRAG_CHOICE)
 
 
 def attention_dot(cache_dtype: str, dtype: str) -> dict:

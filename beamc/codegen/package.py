@@ -325,11 +325,11 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     rendered from it; `overrides_from` names where they came from in errors); recorded likewise.
     `prefill_attention_gate`: prefill steps run an attention_gate op as the attention kernel's GATE render (True) or
     as the attention then the sigmoid_gate kernel (False, the default: PREFILL_ATTENTION_GATE_CHOICE); decode steps
-    always fuse; recorded likewise. `moe_frag_max_tokens`: steps of up to this many tokens (at most
-    the COMBINE range) run a moe_experts with `combine` as the moe_nvfp4_frag kernel where it applies (sm90, bf16,
-    the relayout on: `emitters.MOE_FRAG_CHOICE`; 0: off); recorded likewise. `l2_prefetch_mb`: decode steps prefetch the weights of the launches after each
-    latency-bound op into L2 while it runs, up to this many MB each (`codegen.prefetch`; 0: off; None:
-    L2_PREFETCH_MB); recorded likewise."""
+    always fuse; recorded likewise. `moe_frag_max_tokens`: steps of up to this many tokens (at most the COMBINE range)
+    run a moe_experts with `combine` as the moe_nvfp4_frag kernel where it applies (sm90, bf16, the relayout on:
+    `emitters.MOE_FRAG_CHOICE`; 0: off); recorded likewise. `l2_prefetch_mb`: decode steps prefetch the weights of the
+    launches after each latency-bound op into L2 while it runs, up to this many MB each (`codegen.prefetch`; 0: off;
+    None: L2_PREFETCH_MB); recorded likewise."""
     template_overrides = validate_overrides(template_overrides, overrides_from)
     if target not in TARGETS:
         raise BeamcError("--target", f"unknown target {target!r}", "use sm90 (Hopper) or sm100 (Blackwell)")

@@ -353,15 +353,19 @@ def test_moe_nvfp4_decode_timing(T, relaid, tmp_path_factory):
     print(f"moe_nvfp4_decode timing T={T} relaid={relaid}: {us:.1f} us, {n} experts, {line['tb_s']:.2f} TB/s")
 
 
-# moe_nvfp4_frag (the Gluon kernel for the smallest decode steps, `--moe-frag-max-tokens`): the TP-8 shapes and the tiny spec's TP-1 / TP-2 shapes
+# moe_nvfp4_frag (the Gluon kernel for the smallest decode steps, `--moe-frag-max-tokens`): the TP-8 shapes and the
+# tiny spec's TP-1 / TP-2 shapes
 FRAG_SHAPES = {"full-tp8": None, "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4),
                "tiny-tp2": dict(E=16, H=256, I=32, TOP_K=4)}
 
 
-@pytest.mark.parametrize("kind", ["distinct", "bad", "repeated"])
-@pytest.mark.parametrize("shape", sorted(FRAG_SHAPES))
-def test_moe_nvfp4_frag(shape, kind, tmp_path_factory):
-    """moe_nvfp4_frag at one token against the fp32 reference's combine (relative error < 1e-2, h too) and against
+FRAG_CASES = ([(s, k, 1) for s in sorted(FRAG_SHAPES) for k in ("distinct", "bad", "repeated")]
+              + [("full-tp8", "distinct", 8), ("tiny-tp2", "bad", 3)])
+
+
+@pytest.mark.parametrize("shape,kind,T", FRAG_CASES)
+def test_moe_nvfp4_frag(shape, kind, T, tmp_path_factory):
+    """moe_nvfp4_frag at T tokens against the fp32 reference's combine (relative error < 1e-2, h too) and against
     the decode kernel's COMBINE render on the same re-laid-out weights; routings: distinct experts, ids outside
     [0, E) (nothing read, zero terms), an expert chosen twice (ties ranked by position). Outputs poisoned first; a
     CUDA graph replays new inputs to the bits of a direct launch. Both launches timed at the TP-8 shapes (reported)."""
@@ -375,26 +379,26 @@ def test_moe_nvfp4_frag(shape, kind, tmp_path_factory):
                nvfp4_experts(c["E"], c["H"], c["I"], torch.Generator().manual_seed(3), device="cuda"))
         _CACHE[key] = fused, frag, raw, fused.relayout(raw)
     fused, frag, raw, ps = _CACHE[key]
-    g = torch.Generator().manual_seed(hash((shape, kind)) % 1000)
-    x = torch.randn(1, c["H"], generator=g).bfloat16().cuda()
-    idx = _idx("bad" if kind == "bad" else "distinct", 1, c, g)
+    g = torch.Generator().manual_seed(sum(map(ord, shape + kind)) + T)
+    x = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
+    idx = _idx("bad" if kind == "bad" else "distinct", T, c, g)
     if kind == "repeated":
         idx[0, 1] = idx[0, 0]
     idx = idx.cuda()
-    w = (torch.rand(1, c["TOP_K"], generator=g) + 0.05).cuda()
-    out = torch.full((1, c["H"]), float("nan"), dtype=torch.bfloat16, device="cuda")
-    h = torch.full((frag.scratch_numel(1),), float("nan"), dtype=torch.bfloat16, device="cuda")
+    w = (torch.rand(T, c["TOP_K"], generator=g) + 0.05).cuda()
+    out = torch.full((T, c["H"]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    h = torch.full((frag.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
     frag.launch(x, idx, *ps, w, out, h)
     two = torch.full_like(out, float("nan"))
     fused.launch(x, idx, *ps, w, two)
     torch.cuda.synchronize()
     ref = combined_reference(x.float(), idx, raw, w, 2.5)
-    line = dict(shape=shape, routing=kind, rel_err=_rel(out, ref), rel_err_combine_render=_rel(out, two),
-                h_rel_err=_rel(h.view(1, c["TOP_K"], c["I"]), h_reference(x, idx, raw)))
+    line = dict(shape=shape, routing=kind, T=T, rel_err=_rel(out, ref), rel_err_combine_render=_rel(out, two),
+                h_rel_err=_rel(h.view(T, c["TOP_K"], c["I"]), h_reference(x, idx, raw)))
     # a graph with fixed buffers: new inputs copied in, replayed, bitwise a direct launch's
     gx, gi, gw = x.clone(), idx.clone(), w.clone()
     graph = captured_graph(lambda: frag.launch(gx, gi, *ps, gw, out, h))
-    x2 = torch.randn(1, c["H"], generator=g).bfloat16().cuda()
+    x2 = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
     gx.copy_(x2)
     graph.replay()
     torch.cuda.synchronize()
@@ -402,10 +406,10 @@ def test_moe_nvfp4_frag(shape, kind, tmp_path_factory):
     frag.launch(x2, idx, *ps, w, direct, torch.empty_like(h))
     torch.cuda.synchronize()
     line["graph_bitwise"] = bool(torch.equal(out.view(torch.int16), direct.view(torch.int16)))
-    if shape == "full-tp8" and kind == "distinct":
+    if shape == "full-tp8" and kind == "distinct":  # (T 1 and 8)
         line["us_both_flushed"] = _flushed_us(captured_graph(lambda: frag.launch(gx, gi, *ps, gw, out, h)))
         line["us_combine_render_flushed"] = _flushed_us(captured_graph(lambda: fused.launch(gx, gi, *ps, gw, two)))
     SUMMARY.setdefault("moe_nvfp4_frag", []).append(line)
-    print(f"moe_nvfp4_frag {shape} {kind}: {line}")
+    print(f"moe_nvfp4_frag {shape} {kind} T={T}: {line}")
     assert torch.isfinite(out).all() and line["rel_err"] < 1e-2 and line["h_rel_err"] < 1e-2, line
     assert line["rel_err_combine_render"] < 1e-2 and line["graph_bitwise"], line

@@ -267,12 +267,12 @@ def test_tp2_rank_graphs_equal_eager_and_the_combine_render_its_two_launches(tin
 
 
 def test_tp2_rank_with_moe_frag(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary, monkeypatch):
-    """`--moe-frag-max-tokens 2`: one TP-2 rank's share (collectives skipped) whose decode steps of 1-2 tokens run
-    the MoE experts as moe_nvfp4_frag (Gluon), 3-8 tokens the COMBINE render. Through a ragged decode (min(BEAMC_RUNTIME_STEPS, 300)
-    steps, batches of 1 and more): graph replays equal eager steps bit for bit; against the package without the
-    option, each step's logits within 1e-2 relative (the frag kernel sums in another fp32 order: one bf16 rounding
-    apart where they differ, chaotic across layers only through routing flips, which the tiny spec's random
-    weights keep rare)."""
+    """`--moe-frag-max-tokens 2`: one TP-2 rank's share (collectives skipped) whose decode steps of 1-2 tokens run the
+    MoE experts as moe_nvfp4_frag (Gluon), 3-8 tokens the COMBINE render. Through a ragged decode
+    (min(BEAMC_RUNTIME_STEPS, 300) steps, batches of 1 and more): graph replays equal eager steps bit for bit; against
+    the package without the option, each step's logits within 1e-2 relative (the frag kernel sums in another fp32
+    order: one bf16 rounding apart where they differ, chaotic across layers only through routing flips, which the tiny
+    spec's random weights keep rare)."""
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import select_passes
     from beamc.runtime import graphs as rt_graphs
