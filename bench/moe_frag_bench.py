@@ -67,14 +67,23 @@ def main(argv=None) -> dict:
     E, H, I, K = c["E"], c["H"], c["I"], c["TOP_K"]
     kdir = Path(tempfile.mkdtemp(prefix="moe-frag-"))
     cur = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=2.5)), kdir)
-    mods = {v: load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", dict(c, ROUTED_SCALE=2.5, **VARIANTS[v])),
-                           kdir) for v in a.variants.split(",")}
+    mods, broken = {}, []
+    for v in a.variants.split(","):
+        if v not in VARIANTS:
+            raise SystemExit(f"--variants: unknown {v!r}; known: {', '.join(VARIANTS)}")
+        try:  # a render its template refuses is reported, the others go on
+            mods[v] = load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", dict(c, ROUTED_SCALE=2.5, **VARIANTS[v])),
+                                  kdir)
+        except Exception as e:
+            broken.append(dict(T=0, variant=v, error=f"{type(e).__name__}: {str(e)[:300]}"))
+    if not mods:
+        raise SystemExit(f"no render of moe_nvfp4_frag loads: {broken}")
     frag = mods[next(iter(mods))]  # (the checks: the first variant's render)
     g = torch.Generator().manual_seed(1)
     raw = nvfp4_experts(E, H, I, g, device="cuda")
     ps = cur.relayout(raw)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    rows, facts = [], {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
+    rows, facts = list(broken), {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": dict(c)}
     import triton
     facts["triton"] = triton.__version__
