@@ -62,6 +62,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--tokens", default="1", help="comma-separated token counts (8 distinct experts a token)")
+    ap.add_argument("--ncu", action="store_true", help="only launch the first variant's two stages 3 times at the "
+                    "first token count, no graphs, no timing: for `ncu --clock-control none` (bench/ncu_source.sh)")
     a = ap.parse_args(argv)
     c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
     E, H, I, K = c["E"], c["H"], c["I"], c["TOP_K"]
@@ -87,6 +89,17 @@ def main(argv=None) -> dict:
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": dict(c)}
     import triton
     facts["triton"] = triton.__version__
+    if a.ncu:
+        T = int(a.tokens.split(",")[0])
+        x = torch.randn(T, H, generator=g).bfloat16().cuda()
+        idx = distinct_idx(T, E, K, g).cuda()
+        w = (torch.rand(T, K, generator=g) + 0.05).cuda()
+        out = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")
+        h = torch.empty(frag.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
+        for _ in range(3):
+            frag.launch(x, idx, *ps, w, out, h)
+        torch.cuda.synchronize()
+        return facts
     per_expert = 2 * I * H // 2 + 2 * I * H // 16 + H * I // 2 + H * I // 16 + 12
     checks, ok = [], True
     for T in (int(t) for t in a.tokens.split(",")):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Per-instruction (SASS) stall profiles of the kernels that hold the steps, for reading on the CPU afterwards:
 #   decode attention, full layer at 100K context (the step's QKN render, fp8 cache): stage 0 + merge
-#   MoE experts at one token (re-laid out): stage 0 + stage 1
+#   MoE experts at one token (re-laid out): stage 0 + stage 1; moe-frag / moe-frag-cp: moe_nvfp4_frag's, default and
+#   the cp.async render
 #   the router's prefill GEMM at 16,384 tokens: both launches
 # Each: ncu with WarpStateStats + SourceCounters (+ SpeedOfLight, Occupancy, LaunchStats) into $OUT/NAME.ncu-rep, then
 # the report's source page as SASS with per-instruction samples ($OUT/NAME-sass.csv) and its details page (text).
@@ -28,6 +29,8 @@ for what in "${@:-qkn moe router}"; do
       qkn) prof qkn-full-100k 2 python3 bench/attention_decode.py --ncu-qkn full:f8e4m3:100000 ;;
       qkn-sliding) prof qkn-sliding-4k 2 python3 bench/attention_decode.py --ncu-qkn sliding:f8e4m3:4096 ;;
       moe) prof moe-decode-t1 2 python3 bench/moe_decode.py --ncu --tokens 1 ;;
+      moe-frag) prof moe-frag-t1 2 python3 bench/moe_frag_bench.py --ncu --tokens 1 ;;
+      moe-frag-cp) prof moe-frag-cp-t1 2 python3 bench/moe_frag_bench.py --ncu --tokens 1 --variants "cp.async g5 r96" ;;
       router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
       *) echo "unknown profile $w" ;;
     esac
