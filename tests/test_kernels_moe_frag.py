@@ -161,3 +161,38 @@ def test_frag_launcher_refuses_what_it_cannot_take():
         mod.launch(x[:1].float(), idx[:1], *ps, w[:1], torch.zeros(1, H, dtype=torch.bfloat16))
     with pytest.raises(AssertionError, match="bf16 only"):
         load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", dict(_constants("tiny-tp2"), DTYPE="f32")), None)
+
+
+def _unit_words(q: int, c: int, m: int, NG: int, U: int) -> tuple[int, int, int]:
+    """The template's `_word_ptrs` / `_xload` for word m of unit q of a lane of column c: (word offset in the row,
+    block-scale byte offset in the row, k0 of the x values it is multiplied with)."""
+    G = (q % (NG // U)) * U + m
+    kw0 = (q // (NG // U)) * (NG * 4)
+    k0 = (q // (NG // U)) * (NG * 32) + 32 * G + 8 * c
+    return kw0 + c * NG + G, kw0 // 2 + (c // 2) * NG + G, k0
+
+
+@pytest.mark.parametrize("label", sorted(SHAPES))
+def test_fragment_words_meet_their_x(label):
+    """The fragment mapping against the relayout's definition (moe_nvfp4_decode.RELAYOUT: word c' * NG + G' of a
+    chunk of BK values holds k = 32 G' + 8 c' .. + 7; block 2 G' + c1 is byte c1 * NG + G'), for both stages of each
+    shape: every word a lane loads holds exactly the 8 values of x it is multiplied with, its block-scale byte is
+    that block's, and a row pair's lanes, units and warps cover each k of the row once."""
+    mod = load_kernel(KernelSpec("moe_nvfp4_frag", "moe_experts", _constants(label)), None)
+    for K, BK, U, NU, warps in ((mod.H, mod.BK0, mod.U0, mod.NU0, mod.KSPLIT), (mod.I, mod.BK1, mod.U1, mod.NU1, 1)):
+        NG = BK // 32
+        seen = []
+        for w in range(warps):
+            for c in range(4):  # (the lane's g picks the rows, not the k)
+                for u in range(NU):
+                    q = w * NU + u if warps > 1 else u
+                    for m in range(U):
+                        wo, so, k0 = _unit_words(q, c, m, NG, U)
+                        ch, s = divmod(wo, BK // 8)
+                        cc, gg = divmod(s, NG)
+                        assert ch * BK + 32 * gg + 8 * cc == k0, (label, K, w, c, u, m)
+                        chs, b = divmod(so, BK // 16)
+                        c1, g2 = divmod(b, NG)
+                        assert chs == ch and 16 * (2 * g2 + c1) <= 32 * gg + 8 * cc < 16 * (2 * g2 + c1) + 16, (wo, so)
+                        seen.append(k0)
+        assert sorted(seen) == list(range(0, K, 8)), (label, K)
