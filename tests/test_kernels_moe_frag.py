@@ -1,10 +1,11 @@
 """moe_nvfp4_frag (the NVFP4 MoE experts + combine of small decode steps in Gluon, `beamc compile
---moe-frag-max-tokens N`) on the CPU: its renders compile ahead of time for sm_90a and sm_100a at the full spec's TP-8 shapes and the tiny spec's TP-1
-/ TP-2 shapes (both stages' binaries, the launcher's options, no local memory); the PTX holds the fragment MMAs, the
-decode, the L1 prefetches and PDL's wait before any load; the emitter picks it only where it applies; its launcher
-refuses what it cannot take. A Gluon kernel does not run in Triton's CPU interpreter: its numerics are checked on the
-H200 (tests/gpu/test_kernels_moe_gpu.py::test_moe_nvfp4_frag: against the fp32 reference and the decode kernel's
-COMBINE render, which the interpreter checks here)."""
+--moe-frag-max-tokens N`) on the CPU: its renders compile ahead of time for sm_90a and sm_100a at the full spec's TP-8
+shapes and the tiny spec's TP-1 / TP-2 shapes (both stages' binaries, the launcher's options, no local memory); the PTX
+holds the fragment MMAs, the decode, the L1 prefetches and PDL's wait before any load; its fragment mapping meets the
+relayout's definition; the emitter picks it only where it applies; its launcher refuses what it cannot take. A Gluon
+kernel does not run in Triton's CPU interpreter: its numerics are checked on the H200
+(tests/gpu/test_kernels_moe_gpu.py::test_moe_nvfp4_frag: against the fp32 reference and the decode kernel's COMBINE
+render, which the interpreter checks here)."""
 from __future__ import annotations
 
 import multiprocessing
