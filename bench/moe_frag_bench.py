@@ -128,10 +128,7 @@ def main(argv=None) -> dict:
         for name, m in mods.items():  # timed even if a check failed (the table says so)
             try:
                 def stage(st, m=m, ids=idx, x=x, w=w, out=out, h=h, T=T):
-                    opts = dict(m.STAGE_OPTIONS[st])
-                    cx = dict(m.CONSTEXPRS, **opts.pop("constexprs"))
-                    grid = (T * K, I // 8) if st == 0 else (H // 16, T)
-                    return m.kernel[grid](x, ids, *ps, w, out, h, **cx, **opts)
+                    return m.launch_stage(st, T, (x, ids, *ps, w, out, h))
                 ks = [stage(0), stage(1)]
                 torch.cuda.synchronize()
                 r = dict(T=T, bytes=nbytes, variant=name, constants=VARIANTS[name], regs=[k.n_regs for k in ks],
