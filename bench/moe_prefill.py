@@ -48,6 +48,17 @@ VARIANTS = (
     # DEQUANT: the gate_up weights of the experts with rows dequantised once into bf16 scratch, then that GEMM on plain
     # bf16 tiles; the down GEMM with its dequantisation in the loop on 64-row parts of the 128-row blocks
     ("moe_nvfp4_prefill dequant relaid", dict(DEQUANT=True), True),
+    # WGMMA: stages 3 and 4 as one warp-specialised Gluon kernel (wgmma, the weights decoded by a load partition in
+    # the main loop: no dequantised scratch); its tile forms (tests/gpu: test_wgmma_render checks the same)
+    ("moe_nvfp4_prefill wgmma relaid", dict(WGMMA=True), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_BN=128", dict(WGMMA=True, WG_BN=128), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_BN2=256 stages=3", dict(WGMMA=True, WG_BN2=256, WG_STAGES=3), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3", dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3), True),
+    ("moe_nvfp4_prefill wgmma relaid stages=6", dict(WGMMA=True, WG_STAGES=6), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_NT2=40", dict(WGMMA=True, WG_NT2=40), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_LOAD_REGS=128", dict(WGMMA=True, WG_LOAD_REGS=128), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_LOAD_WARPS=8", dict(WGMMA=True, WG_LOAD_WARPS=8), True),
+    ("moe_nvfp4_prefill wgmma modelopt (Triton stages, BLOCK_M 128)", dict(WGMMA=True), False),
     ("moe_nvfp4_prefill dequant relaid BLOCK_N=64 BLOCK_K=128", dict(DEQUANT=True, BLOCK_N=64, BLOCK_K=128), True),
     ("moe_nvfp4_prefill dequant relaid DQ_ROWS=64", dict(DEQUANT=True, DQ_ROWS=64), True),
     ("moe_nvfp4_prefill dequant relaid stages=4", dict(DEQUANT=True, NUM_STAGES=4), True),
@@ -205,7 +216,10 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                                   BLOCK_N2=mod.BLOCK_N2, BLOCK_K2=mod.BLOCK_K2, NUM_WARPS=mod.NUM_WARPS,
                                   NUM_STAGES=mod.NUM_STAGES, SWAP=mod.SWAP, DEQUANT=mod.DEQUANT, SWAP2=mod.SWAP2,
                                   BLOCK_M2=mod.BLOCK_M2, NUM_WARPS2=mod.NUM_WARPS2, DOWN_NT=mod.DOWN_NT,
-                                  DEQUANT_DOWN=mod.DEQUANT_DOWN),
+                                  DEQUANT_DOWN=mod.DEQUANT_DOWN, WGMMA=mod.WGMMA,
+                                  **({k: getattr(mod, k) for k in ("WG_BN", "WG_BN2", "WG_NT2", "WG_STAGES",
+                                                                    "WG_LOAD_WARPS", "WG_LOAD_REGS")}
+                                     if mod.WGMMA else {})),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec
             rec["stage_us"] = _stage_us(mod, x, idx, p, y, scratch)

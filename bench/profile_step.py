@@ -204,10 +204,14 @@ def device_kernels(fn, device, reps: int = 3) -> list:
     return sorted(ev, key=lambda e: e.time_range.start)
 
 
-def launch_medians(fn, device, n: int, reps: int = 3, name: str = "kernel") -> list[float]:
-    """Median device us of each of the `n` launches (kernels named `name`, in launch order) that one call of `fn`
-    makes, over `reps` calls (torch.profiler; a multi-stage generated kernel's stages)."""
-    ev = [e for e in device_kernels(fn, device, reps) if e.name == name]
+# the names of generated kernels (a module's second kernel: moe_nvfp4_prefill's WGMMA render's `wg_kernel`)
+GENERATED = ("kernel", "wg_kernel")
+
+
+def launch_medians(fn, device, n: int, reps: int = 3, names: tuple[str, ...] = GENERATED) -> list[float]:
+    """Median device us of each of the `n` launches (kernels named one of `names`, in launch order) that one call of
+    `fn` makes, over `reps` calls (torch.profiler; a multi-stage generated kernel's stages)."""
+    ev = [e for e in device_kernels(fn, device, reps) if e.name in names]
     assert len(ev) == n * reps, (len(ev), n * reps)
     return [sorted(ev[r * n + s].time_range.elapsed_us() for r in range(reps))[reps // 2] for s in range(n)]
 
@@ -218,7 +222,7 @@ SIDE_KERNEL = "l2_prefetch"  # the codegen's prefetch plan's kernel (templates/l
 def _kernel_kind(name: str) -> str:
     """A coarse label for a kernel in a replay's timeline (generated Triton kernels are all named `kernel`)."""
     low = name.lower()
-    if name == "kernel":
+    if name in GENERATED:
         return "triton"
     if "memcpy" in low or "memset" in low or "copy" in low:
         return "copy"

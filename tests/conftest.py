@@ -160,8 +160,11 @@ def assert_template_contract(mod) -> None:
 
     sets = launch_options(mod)
     assert sets[0] == mod.OPTIONS
-    assert all(dict(o, num_warps=0, constexprs=0) == dict(mod.OPTIONS, num_warps=0, constexprs=0) for o in sets)
-    assert all(set(o.get("constexprs", {})) <= set(mod.CONSTEXPRS) for o in sets)
+    assert all(dict(o, num_warps=0, constexprs=0, fn=0) == dict(mod.OPTIONS, num_warps=0, constexprs=0, fn=0)
+               for o in sets)
+    assert all(set(o.get("constexprs", {})) <= set(mod.CONSTEXPRS) for o in sets if "fn" not in o)
+    # (a set naming a second kernel of the module: its own signature, every constant of it pinned in the set)
+    assert all(set(mod.SIGNATURES[o["fn"]]) >= set(o["constexprs"]) for o in sets if "fn" in o)
     # (a launcher that picks an option set per launch, from LAUNCH_OPTIONS or per stage from STAGE_OPTIONS)
     assert "**OPTIONS)" in launch_src or ((len(sets) > 1 or hasattr(mod, "STAGE_OPTIONS")) and "**opts)" in launch_src)
 

@@ -306,7 +306,10 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     large = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay,
                    **({"NATIVE_FP4": True} if ctx.target == "sm100" else {}))
     out = [large]
-    if ctx.moe_dequant and ctx.target == "sm90":  # (sm100's native NVFP4 MMAs read the packed weights as they are)
+    # (sm100's native NVFP4 MMAs read the packed weights as they are; a pinned WGMMA render, which decodes the weights
+    # in its GEMMs' main loops, takes every prefill size: no DEQUANT renders beside it)
+    wgmma = ctx.template_overrides.get("moe_nvfp4_prefill", {}).get("WGMMA")
+    if ctx.moe_dequant and ctx.target == "sm90" and not wgmma:
         long = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True)
         longest = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True, DEQUANT_DOWN=True)
         out = [dataclasses.replace(large, max_tokens=MOE_DEQUANT_MIN_TOKENS - 1, choice=MOE_DEQUANT_CHOICE),

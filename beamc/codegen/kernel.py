@@ -12,7 +12,8 @@ The contract every template renders (see any `templates/*.py.j2`):
 - `OPTIONS`: the compile options the launcher launches with (num_warps, enable_fp_fusion=False,
   enable_reflect_ftz=False, launch_pdl), which `aot_compile` uses too; a launcher that launches with other
   options as well (the router's one-warp selection) lists every set in `LAUNCH_OPTIONS` (`launch_options(mod)`);
-  a set may pin constants (key `constexprs`: a binary of its own, e.g. one stage of a multi-stage kernel);
+  a set may pin constants (key `constexprs`: a binary of its own, e.g. one stage of a multi-stage kernel) and
+  name a second kernel of the module (key `fn`; its signature in `SIGNATURES[fn]`, its constants all in the set);
 - `GRID`: the launch grid rule in words (it goes into the manifest).
 Kernels are compiled without FP contraction (`enable_fp_fusion=False`): an FMA would round differently from the
 reference's separate multiply and add.
@@ -105,12 +106,15 @@ def aot_compile(mod: ModuleType, arch: int, options: dict | None = None):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    # pointers 16-byte aligned (torch's allocations are): what lets the compiler vectorise loads, as at run time
-    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(mod.SIGNATURE.values()) if t.startswith("*")}
     # the launcher's own options: same warps (same reduction order), no FMA, no FTZ; constants an option set pins
     options = dict(mod.OPTIONS if options is None else options)
-    constexprs = dict(mod.CONSTEXPRS, **options.pop("constexprs", {}))
-    if getattr(mod.kernel, "is_gluon", lambda: False)():  # a Gluon kernel (explicit layouts): its own front end
+    fn_name = options.pop("fn", "kernel")  # (a module's second kernel: its own SIGNATURES entry, constants all pinned)
+    fn = getattr(mod, fn_name)
+    signature = mod.SIGNATURE if fn_name == "kernel" else mod.SIGNATURES[fn_name]
+    # pointers 16-byte aligned (torch's allocations are): what lets the compiler vectorise loads, as at run time
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+    constexprs = dict(mod.CONSTEXPRS if fn_name == "kernel" else {}, **options.pop("constexprs", {}))
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (explicit layouts): its own front end
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-    src = ASTSource(fn=mod.kernel, signature=mod.SIGNATURE, constexprs=constexprs, attrs=aligned)
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

@@ -13,6 +13,10 @@ Re-laid-out weights (`moe_nvfp4_decode.relayout`: what the runtime feeds both Mo
 the ModelOpt-layout run's, and within the same 1e-2 of the fp32 reference; TP 8 (K steps of half a 256-value chunk
 in gate_up, one 64-value chunk in down) and an odd shape (E 7, H 384, I 96, top-k 4: steps of 4 chunks of 32 values
 in gate_up, one in down).
+WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel; re-laid-out weights): the fp32 reference to < 1e-2 and
+the default render to < 5e-3 (the global scale on the fp32 sums: ~1e-3 from the reference, not bitwise), TP 8 at
+1 to 16,384 tokens and an odd shape (E 7, H 768, I 192, top-k 3), skewed routings, every tile form the bench times;
+its ModelOpt fallback (the module's Triton stages); graph replay bitwise equal to direct launches.
 
 One short line per case is printed; with BEAMC_GPU_OUT set, a JSON summary goes to $BEAMC_GPU_OUT/moe_prefill.json.
 """
@@ -41,6 +45,7 @@ SHAPES = {
     "odd-e5": dict(E=5, H=272, I=48, TOP_K=3),
     "odd-e7": dict(E=7, H=320, I=96, TOP_K=4),
     "odd-relaid": dict(E=7, H=384, I=96, TOP_K=4),  # (relayout needs H % 128 == 0 and I % 32 == 0)
+    "odd-wg": dict(E=7, H=768, I=192, TOP_K=3),  # (WGMMA: K steps of 64 within the relayout's chunks of 64 / 64)
 }
 
 
@@ -304,3 +309,52 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     SUMMARY["moe_nvfp4_prefill"].append(line)
     print(f"moe_nvfp4_prefill tiny f32 M={M}: {line}")
     assert line["dequant_worst_row_rel_err"] < 1e-5 and line["dequant-down_worst_row_rel_err"] < 1e-5, line
+
+
+# the WGMMA render's tile forms (bench/moe_prefill.py times the same)
+WG_FORMS = {"default": {}, "bn128": dict(WG_BN=128), "bn2-256": dict(WG_BN2=256, WG_STAGES=3),
+            "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8)}
+
+
+@pytest.mark.parametrize("shape,M,kind,form", [
+    ("tp8", 16384, "distinct", "default"), ("tp8", 4096, "one", "default"), ("tp8", 1000, "few", "default"),
+    ("tp8", 65, "distinct", "default"), ("tp8", 1, "distinct", "default"), ("odd-wg", 1000, "repeat", "default"),
+    ("odd-wg", 333, "few", "default"), ("tp8", 4096, "distinct", "bn128"), ("tp8", 4096, "distinct", "bn2-256"),
+    ("tp8", 4096, "distinct", "bm256"), ("odd-wg", 1000, "distinct", "bm256"), ("tp8", 4096, "few", "load8")])
+def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
+    """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
+    re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
+    to ||d|| / ||ref|| < 1e-2 (worst row < 3e-2), and the default render on the same inputs to < 5e-3 (the global
+    scale on the fp32 sums instead of on the bf16 weights: ~1e-3 expected). At 1,000 tokens also the ModelOpt bytes
+    (the Triton stages of the same module: BLOCK_M 128) against the fp32 reference."""
+    mod = _module(shape, tmp_path_factory, WGMMA=True, **WG_FORMS[form])
+    assert mod.WGMMA and not mod.DEQUANT and len(mod.LAUNCH_OPTIONS) == 3
+    params, relaid = _weights(shape), _relaid(shape, tmp_path_factory)
+    g = torch.Generator().manual_seed(M + 3 * len(kind))
+    x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
+    idx = _routing(kind, M, mod.E, mod.TOP_K, g)
+    y = _run(mod, relaid, x, idx)
+    base = _run(_module(shape, tmp_path_factory), relaid, x, idx)
+    ref = REFS["moe_experts"]([x.float(), idx, *params], {"format": "nvfp4"})[0]
+    line = dict(shape=shape, M=M, routing=kind, variant=f"wgmma-{form}", rel_err_fp32_ref=_rel(y, ref),
+                worst_row_rel_err=_worst_row(y, ref).max().item(), rel_err_default_render=_rel(y, base),
+                default_render_rel_err_fp32_ref=_rel(base, ref), tiles=dict(BLOCK_M=mod.BLOCK_M, WG_BN=mod.WG_BN,
+                                                                              WG_BN2=mod.WG_BN2, WG_NT2=mod.WG_NT2,
+                                                                              WG_STAGES=mod.WG_STAGES,
+                                                                              WG_LOAD_WARPS=mod.WG_LOAD_WARPS))
+    if shape == "tp8" and M == 1000 and form == "default":
+        line["modelopt_rel_err_fp32_ref"] = _rel(_run(mod, params, x, idx), ref)
+    SUMMARY["moe_nvfp4_prefill"].append(line)
+    print(f"moe_nvfp4_prefill {shape} M={M} {kind} wgmma-{form}: rel err {line['rel_err_fp32_ref']:.2e} (fp32 ref; "
+          f"default render {line['default_render_rel_err_fp32_ref']:.2e}), {line['rel_err_default_render']:.2e} "
+          f"from the default render, worst row {line['worst_row_rel_err']:.2e}")
+    assert line["rel_err_fp32_ref"] < 1e-2 and line["worst_row_rel_err"] < 3e-2, line
+    assert line["rel_err_default_render"] < 5e-3 and line.get("modelopt_rel_err_fp32_ref", 0) < 1e-2, line
+
+
+def test_wgmma_cuda_graph_replay(tmp_path_factory):
+    """The WGMMA render captured once and replayed with new x and idx: the same bits as direct launches (no
+    atomics: each output written by one program), and the fp32 reference to < 1e-2."""
+    _replays_equal_direct_launches(_module("tp8", tmp_path_factory, WGMMA=True), _relaid("tp8", tmp_path_factory),
+                                   4096, 27, ((28, "distinct"), (29, "few"), (30, "one")), check_ref=False)
+    SUMMARY["moe_nvfp4_prefill"].append(dict(wgmma_cuda_graph_replay="bitwise equal to direct launches", M=4096))

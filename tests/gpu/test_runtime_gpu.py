@@ -301,6 +301,27 @@ def test_tp2_rank_with_moe_frag(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, su
     assert summary["tp2_moe_frag"]["median_rel_vs_plain"] < 5e-2, summary["tp2_moe_frag"]
 
 
+def test_prefill_with_the_wgmma_moe(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, pkg_bf16, summary):
+    """`--set moe_nvfp4_prefill.WGMMA=true`: prefills of more than 64 tokens run the MoE GEMMs as the warp-specialised
+    Gluon kernel (the weights decoded by its load partition; tests/gpu/test_kernels_moe_prefill_gpu.py checks the
+    kernel). A ragged prefill of 4 sequences (250 tokens): graph replay equal to eager bit for bit; then teacher-forced
+    on the bf16 interpreter's greedy tokens for 16 decode steps, the package tracks it as the default package does
+    (mean |delta logprob| < MAX_MEAN_DLOGPROB, or within 1.5x the default package's)."""
+    pkg = _package(tiny_spec, tmp_path_factory, None, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
+    lens = (100, 80, 50, 20)
+    seqs = [_ids(n, 70 + i) for i, n in enumerate(lens)]
+    graphs, eager = _load(pkg, tiny_ckpt_nvfp4), _load(pkg, tiny_ckpt_nvfp4, eager=True)
+    assert any(ln.kernel is not None and ln.kernel.constants.get("WGMMA") and ln.runs_for(sum(lens))
+               for _, ln in graphs.package.steps["prefill"].launches), "no WGMMA render in the prefill step"
+    a = graphs.prefill(list(range(len(lens))), seqs)
+    b = eager.prefill(list(range(len(lens))), seqs)
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+    t_wg = _track(_load(pkg, tiny_ckpt_nvfp4), _ref(tiny_spec, tiny_ckpt_nvfp4, "bf16"), seqs, 16)
+    t_default = _track(_load(pkg_bf16, tiny_ckpt_nvfp4), _ref(tiny_spec, tiny_ckpt_nvfp4, "bf16"), seqs, 16)
+    summary["prefill_wgmma_moe"] = {"graphs_bitwise_eager": True, "wgmma": t_wg, "default": t_default}
+    assert t_wg["mean_abs_dlogprob"] < max(MAX_MEAN_DLOGPROB, 1.5 * t_default["mean_abs_dlogprob"]), summary
+
+
 def test_decode_buckets_are_captured(tiny_ckpt_nvfp4, pkg_bf16, summary):
     m = _load(pkg_bf16, tiny_ckpt_nvfp4)
     summary["decode_capture"] = m.graphs.summary()

@@ -1,0 +1,233 @@
+"""moe_nvfp4_prefill's WGMMA render (stages 3 and 4 as one warp-specialised Gluon kernel on Hopper's wgmma, the NVFP4
+weights decoded by a load partition; `--set moe_nvfp4_prefill.WGMMA=true`) on the CPU: its binaries compile ahead of
+time for sm_90a at the full spec's TP-8 shapes, an odd shape and the tiny spec's TP-1 shapes, in every tile form the
+bench times (no local memory; the PTX has the wgmma tiles, the 16-byte cp.async gathers arriving on the stage
+barriers, the decode, the register split of the two partitions, PDL's wait); the tiles the load partition decodes
+meet the relayout's definition and the natural k order of the A rows they are multiplied with; shapes it cannot
+take are refused with the reason, and the fp32 instances ignore it. A Gluon kernel does not run in Triton's CPU
+interpreter: its numerics are checked on the H200 (tests/gpu/test_kernels_moe_prefill_gpu.py::test_wgmma_render)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import subprocess
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
+from beamc.codegen.package import compile_package
+from beamc.errors import BeamcError
+from beamc.spec import load_spec
+from conftest import assert_template_contract
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=768, I=192, TOP_K=3),
+          "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4)}
+# the renders bench/moe_prefill.py times (tile forms of the WGMMA render)
+FORMS = {"default": {}, "bn128": dict(WG_BN=128), "bn2-256": dict(WG_BN2=256, WG_STAGES=3),
+         "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8)}
+
+
+def _constants(shape: str, **extra) -> dict:
+    return dict(DTYPE="bf16", WGMMA=True, **SHAPES[shape], **extra)
+
+
+def _local_bytes(cubin: bytes) -> int | None:
+    """LOCAL (spill) bytes of a cubin by cuobjdump, when the toolkit has it (else None)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.exists():
+        return None
+    path = Path(tempfile.mkdtemp()) / "wg.cubin"
+    path.write_bytes(cubin)
+    out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True).stdout
+    m = re.search(r"LOCAL:(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def _compile(args) -> list[dict]:
+    """The WGMMA stages' binaries of one render for sm_90a, in a worker process: what the test asserts about them."""
+    label, constants = args
+    os.environ.pop("TRITON_INTERPRET", None)
+    mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", constants), tempfile.mkdtemp())
+    out = []
+    for opts in launch_options(mod):
+        if opts.get("fn") != "wg_kernel":
+            continue
+        stage = opts["constexprs"]["STAGE"]
+        ck = aot_compile(mod, 90, opts)
+        ptx = ck.asm["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        out.append(dict(
+            label=f"{label}/stage{stage}", stage=stage, shared=ck.metadata.shared,
+            launch_pdl=bool(ck.metadata.launch_pdl),
+            local=_local_bytes(ck.asm["cubin"]), num_warps=ck.metadata.num_warps,
+            wgmma=re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx),
+            cp_async16=len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)),
+            cp_async_arrive=ptx.count("cp.async.mbarrier.arrive"), decode_muls=ptx.count("mul.rn.bf16x2"),
+            setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+            loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
+            rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
+            load_warps=mod.WG_LOAD_WARPS))
+    return out
+
+
+def test_wgmma_renders_compile_for_sm90a():
+    """Every shape as by default, and the full spec's shapes in each tile form the bench times: two binaries (stages
+    3 and 4) of 8 MMA warps + the load partition's 4 (or 8), PDL launches waiting before any load, no local memory,
+    within Hopper's 227 KB of shared memory; per K step 4 wgmma instructions (m64 x weight rows x 16) per 64 rows of
+    a warpgroup, the A rows by 16-byte cp.async that arrive on the stage's barrier, 4 bf16x2 scale multiplies per
+    decoded word (8 words a weight row a step, shared by the load warps), the output stored 16 bytes a thread; the
+    load partition's registers given back to the MMA partition (setmaxnreg)."""
+    jobs = [(s, _constants(s)) for s in SHAPES] + [(f"full-tp8-{f}", _constants("full-tp8", **kw))
+                                                   for f, kw in FORMS.items() if kw]
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        rows = [r for rs in pool.map(_compile, jobs) for r in rs]
+    assert len(rows) == 2 * len(jobs)
+    for r in rows:
+        lw = r["load_warps"]
+        assert r["num_warps"] == 8 + lw and r["launch_pdl"] and r["loads_before_wait"] == 0, r
+        assert r["local"] in (0, None) and r["shared"] <= 232448, r
+        per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
+        assert r["wgmma"] == [f"m64n{r['rows']}k16"] * per_step, r
+        assert r["cp_async16"] == r["block_m"] * 4 // (16 * lw) and r["cp_async_arrive"] == 1, r
+        assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw), r
+        assert ("inc", "96") in r["setmaxnreg"] and r["st_v4"] > 0, r
+
+
+def _words(codes, scales, rows, ks, K: int, RK: int):
+    """The words and block-scale bytes `_wg_words` reads for K step ks (its index arithmetic, moe_wgmma.inc.j2):
+    words [R, c // 2, c % 2, G'] and scale bytes [R, c // 2, G']."""
+    NG = RK // 32
+    k0 = 64 * ks
+    base_w = (k0 // RK) * (RK // 8) + (k0 % RK) // 32
+    base_s = (k0 // RK) * (RK // 16) + (k0 % RK) // 32
+    ch, cl, gp = torch.meshgrid(torch.arange(2), torch.arange(2), torch.arange(2), indexing="ij")
+    wo = base_w + (2 * ch + cl) * NG + gp
+    so = base_s + ch[:, 0, :] * NG + gp[:, 0, :]
+    return codes.view(-1, K // 8)[rows][:, wo], scales.view(-1, K // 16)[rows][:, so]
+
+
+def _decode(words: torch.Tensor, sbytes: torch.Tensor, mod) -> torch.Tensor:
+    """A re-laid-out word's 8 values (value (q, h) = k0 + 2 q + h: magnitude bits at MAG[q][h], sign at SGN[q][h])
+    times its block scale (the byte decoded as the kernel does: bf16 bits byte * 16 + 0x7680 = |scale| x 2^119)."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    vals = []
+    for q in range(4):
+        for h in range(2):
+            mag = (w >> mod.MAG[q][h]) & 7
+            sgn = (w >> mod.SGN[q][h]) & 1
+            vals.append(e2m1[mag] * (1 - 2 * sgn.double()))
+    bits = (sbytes.to(torch.int32) * 16 + 0x7680) << 16
+    scale = bits.view(torch.float32).double() * 2.0 ** -119
+    return torch.stack(vals, dim=-1) * scale[:, :, None, :, None]  # [R, c // 2, c % 2, G', 8]
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_decoded_tiles_meet_the_relayout_and_the_a_rows(shape):
+    """The load partition's weight tiles against the relayout's definition (moe_nvfp4_decode.relayout of random
+    ModelOpt experts): for every K step of both GEMMs, the words and scale bytes `_wg_words` reads, decoded and put
+    at the columns `_wg_decode` gives them ([row, G', c // 2, c % 2, value] flattened), are the dequantised
+    weights E2M1 x block scale of values 64 ks .. 64 ks + 63 in natural order: the k order of the A rows' 64 values
+    (one contiguous cp.async run per row), so every product meets its x (or h)."""
+    from test_kernels_moe import nvfp4_experts
+
+    c = SHAPES[shape]
+    mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", _constants(shape)), None)
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", dict(DTYPE="bf16", **c)), None)
+    E, H, I = c["E"], c["H"], c["I"]
+    params = nvfp4_experts(E, H, I, torch.Generator().manual_seed(3))
+    relaid = decode.relayout(params)
+    assert (mod.RK0, mod.RK1) == (decode.BK0, decode.BK1)
+    for codes, scales, raw_codes, raw_scales, K, N, RK in ((relaid[0], relaid[1], params[0], params[1], H, 2 * I,
+                                                             mod.RK0),
+                                                            (relaid[3], relaid[4], params[3], params[4], I, H,
+                                                             mod.RK1)):
+        rows = torch.randperm(E * N, generator=torch.Generator().manual_seed(K))[:64]
+        # the reference: E2M1 x block scale in natural k order (ModelOpt: even element in the low nibble)
+        nib = raw_codes.view(-1, K // 2)[rows]
+        nib = torch.stack([nib & 15, nib >> 4], dim=-1).view(len(rows), K).long()
+        e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+        want = e2m1[nib & 7] * (1 - 2 * (nib >> 3).double())
+        want = want * raw_scales.view(-1, K // 16)[rows].double().repeat_interleave(16, dim=1)
+        for ks in range(K // 64):
+            wd, sb = _words(codes, scales, rows, ks, K, RK)
+            tile = _decode(wd, sb, mod).permute(0, 3, 1, 2, 4).reshape(len(rows), 64)
+            assert torch.equal(tile, want[:, 64 * ks:64 * ks + 64]), (shape, K, ks)
+
+
+def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
+    """K steps of 64 values must lie within the relayout's chunks: the tiny spec's TP-2 experts (I 32) are refused
+    with the reason when WGMMA is pinned (`--set`), before anything runs; the render keeps the template contract
+    (its second kernel typed in SIGNATURES, its stage option sets naming it) and supersedes DEQUANT; the fp32
+    instances (the CPU runtime's) render without it; the emitter does not pick it by default, and pinned it takes
+    every prefill size (no DEQUANT renders beside it)."""
+    with pytest.raises(Exception, match="WGMMA: K steps of 64"):
+        load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", {**_constants("tiny-tp1"), "I": 32}), None)
+    mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", dict(_constants("full-tp8"), PDL=True)), None)
+    assert_template_contract(mod)  # (with the second kernel's option sets)
+    assert list(mod.SIGNATURE_WG) == mod.wg_kernel.arg_names and mod.DEQUANT is False and mod.BLOCK_M == 128
+    f32 = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", dict(_constants("tiny-tp1"), DTYPE="f32")), None)
+    assert f32.WGMMA is False and not hasattr(f32, "wg_kernel")
+    spec = load_spec(ROOT / "models/beam-tiny.yaml")
+    pkg = compile_package(spec, dtype="bf16", tp=1)
+    assert not any(k.constants.get("WGMMA") for k in pkg.kernels.values())
+    pinned = compile_package(spec, dtype="bf16", tp=1, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
+    prefill = [k for k in pinned.kernels.values() if k.template == "moe_nvfp4_prefill"]
+    assert len(prefill) == 1 and prefill[0].constants["WGMMA"]  # (every prefill size: no DEQUANT render beside it)
+    assert sum(k.template == "moe_nvfp4_prefill" for k in pkg.kernels.values()) == 3
+    with pytest.raises(BeamcError, match="WGMMA"):
+        compile_package(spec, dtype="bf16", tp=2, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
+
+
+class _Recorder:
+    """Stands in for a kernel object: `k[grid](*args, **kw)` records the launch."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.log.append((self.name, grid, args, kw))
+
+
+def test_launcher_runs_the_sort_then_the_gluon_stages_on_relaid_weights():
+    """The WGMMA render's launcher (no GPU: both kernels stood in for): with re-laid-out weights the sort's three
+    launches of the Triton kernel, then stages 3 and 4 as `wg_kernel` on (NB x cdiv(I, WG_BN)) and (NB x
+    cdiv(H, WG_BN2 x WG_NT2)) programs with the binaries' pinned constants and options (8 MMA warps, PDL, no FMA);
+    with the ModelOpt bytes all five launches of the Triton kernel, on the same sorted blocks."""
+    from test_kernels_moe import nvfp4_experts
+
+    c = SHAPES["odd"]
+    mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", dict(_constants("odd"), PDL=True)), None)
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", dict(DTYPE="bf16", **c)), None)
+    E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
+    params = nvfp4_experts(E, H, I, torch.Generator().manual_seed(0))
+    T = 300
+    x = torch.zeros(T, H, dtype=torch.bfloat16)
+    idx = torch.randint(0, E, (T, k))
+    y = torch.empty(T, k, H, dtype=torch.bfloat16)
+    s = mod.sizes(T)
+    for weights, relaid in ((decode.relayout(params), True), (params, False)):
+        log: list = []
+        mod.kernel, mod.wg_kernel = _Recorder("kernel", log), _Recorder("wg_kernel", log)
+        mod.launch(x, idx, *weights, y, torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16))
+        names = [n for n, *_ in log]
+        if not relaid:
+            assert names == ["kernel"] * 5 and [a[14] for _, _, a, _ in log] == [0, 1, 2, 3, 4]
+            continue
+        assert names == ["kernel"] * 3 + ["wg_kernel"] * 2, names
+        (_, g3, a3, kw3), (_, g4, a4, kw4) = log[3:]
+        assert g3 == (s["NB"] * -(-I // mod.WG_BN),) and g4 == (s["NB"] * -(-H // (mod.WG_BN2 * mod.WG_NT2)),)
+        for a, kw, stage in ((a3, kw3, 3), (a4, kw4, 4)):
+            assert len(a) == 12 and a[0] is x and a[1] is weights[0] and a[10] == T and a[11] == H
+            assert kw["STAGE"] == stage and kw["num_warps"] == 8 and kw["launch_pdl"] is True
+            assert kw["enable_fp_fusion"] is False and "fn" not in kw
+            assert {n for n, t in mod.SIGNATURE_WG.items() if t == "constexpr"} == {
+                n for n in kw if n not in ("num_warps", "launch_pdl", "enable_fp_fusion", "enable_reflect_ftz")}
