@@ -30,7 +30,7 @@ SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=76
           "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4)}
 # the renders bench/moe_prefill.py times (tile forms of the WGMMA render)
 FORMS = {"default": {}, "bn128": dict(WG_BN=128), "bn2-256": dict(WG_BN2=256, WG_STAGES=3),
-         "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8)}
+         "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -74,7 +74,8 @@ def _compile(args) -> list[dict]:
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
-            load_warps=mod.WG_LOAD_WARPS))
+            load_warps=mod.WG_LOAD_WARPS, store=mod.WG_STORE and stage == 4,
+            stmatrix=ptx.count("stmatrix")))
     return out
 
 
@@ -83,8 +84,9 @@ def test_wgmma_renders_compile_for_sm90a():
     3 and 4) of 8 MMA warps + the load partition's 4 (or 8), PDL launches waiting before any load, no local memory,
     within Hopper's 227 KB of shared memory; per K step 4 wgmma instructions (m64 x weight rows x 16) per 64 rows of
     a warpgroup, the A rows by 16-byte cp.async that arrive on the stage's barrier, 4 bf16x2 scale multiplies per
-    decoded word (8 words a weight row a step, shared by the load warps), the output stored 16 bytes a thread; the
-    load partition's registers given back to the MMA partition (setmaxnreg)."""
+    decoded word (8 words a weight row a step, shared by the load warps), the output stored 16 bytes a thread (with
+    WG_STORE by a store partition of 4 more warps in stage 4, the tile handed over by stmatrix); the load
+    partition's registers given back to the MMA partition (setmaxnreg)."""
     jobs = [(s, _constants(s)) for s in SHAPES] + [(f"full-tp8-{f}", _constants("full-tp8", **kw))
                                                    for f, kw in FORMS.items() if kw]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -92,7 +94,8 @@ def test_wgmma_renders_compile_for_sm90a():
     assert len(rows) == 2 * len(jobs)
     for r in rows:
         lw = r["load_warps"]
-        assert r["num_warps"] == 8 + lw and r["launch_pdl"] and r["loads_before_wait"] == 0, r
+        assert r["num_warps"] == 8 + lw + 4 * r["store"] and r["launch_pdl"] and r["loads_before_wait"] == 0, r
+        assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
         assert r["wgmma"] == [f"m64n{r['rows']}k16"] * per_step, r
