@@ -60,6 +60,10 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid WG_LOAD_WARPS=8", dict(WGMMA=True, WG_LOAD_WARPS=8), True),
     ("moe_nvfp4_prefill wgmma relaid WG_STORE", dict(WGMMA=True, WG_STORE=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_STORE WG_NT2=40", dict(WGMMA=True, WG_STORE=True, WG_NT2=40), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_HRES", dict(WGMMA=True, WG_HRES=True), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_HRES WG_STORE", dict(WGMMA=True, WG_HRES=True, WG_STORE=True), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_HRES WG_STORE WG_NT2=40", dict(WGMMA=True, WG_HRES=True, WG_STORE=True,
+                                                                       WG_NT2=40), True),
     ("moe_nvfp4_prefill wgmma modelopt (Triton stages, BLOCK_M 128)", dict(WGMMA=True), False),
     ("moe_nvfp4_prefill dequant relaid BLOCK_N=64 BLOCK_K=128", dict(DEQUANT=True, BLOCK_N=64, BLOCK_K=128), True),
     ("moe_nvfp4_prefill dequant relaid DQ_ROWS=64", dict(DEQUANT=True, DQ_ROWS=64), True),
@@ -220,7 +224,8 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                                   BLOCK_M2=mod.BLOCK_M2, NUM_WARPS2=mod.NUM_WARPS2, DOWN_NT=mod.DOWN_NT,
                                   DEQUANT_DOWN=mod.DEQUANT_DOWN, WGMMA=mod.WGMMA,
                                   **({k: getattr(mod, k) for k in ("WG_BN", "WG_BN2", "WG_NT2", "WG_STAGES",
-                                                                    "WG_LOAD_WARPS", "WG_LOAD_REGS", "WG_STORE")}
+                                                                    "WG_LOAD_WARPS", "WG_LOAD_REGS", "WG_STORE",
+                                                                    "WG_HRES")}
                                      if mod.WGMMA else {})),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec

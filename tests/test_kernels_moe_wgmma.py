@@ -30,7 +30,8 @@ SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=76
           "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4)}
 # the renders bench/moe_prefill.py times (tile forms of the WGMMA render)
 FORMS = {"default": {}, "bn128": dict(WG_BN=128), "bn2-256": dict(WG_BN2=256, WG_STAGES=3),
-         "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True)}
+         "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True),
+         "hres": dict(WG_HRES=True), "hres-store": dict(WG_HRES=True, WG_STORE=True)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -85,8 +86,9 @@ def test_wgmma_renders_compile_for_sm90a():
     within Hopper's 227 KB of shared memory; per K step 4 wgmma instructions (m64 x weight rows x 16) per 64 rows of
     a warpgroup, the A rows by 16-byte cp.async that arrive on the stage's barrier, 4 bf16x2 scale multiplies per
     decoded word (8 words a weight row a step, shared by the load warps), the output stored 16 bytes a thread (with
-    WG_STORE by a store partition of 4 more warps in stage 4, the tile handed over by stmatrix); the load
-    partition's registers given back to the MMA partition (setmaxnreg)."""
+    WG_STORE by a store partition of 4 more warps in stage 4, the tile handed over by stmatrix; WG_HRES: stage 4's
+    h rows resident, one buffer a K step); the load partition's registers given back to the MMA partition
+    (setmaxnreg)."""
     jobs = [(s, _constants(s)) for s in SHAPES] + [(f"full-tp8-{f}", _constants("full-tp8", **kw))
                                                    for f, kw in FORMS.items() if kw]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -313,7 +313,8 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
 
 # the WGMMA render's tile forms (bench/moe_prefill.py times the same)
 WG_FORMS = {"default": {}, "bn128": dict(WG_BN=128), "bn2-256": dict(WG_BN2=256, WG_STAGES=3),
-            "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True)}
+            "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True),
+            "hres": dict(WG_HRES=True), "hres-store": dict(WG_HRES=True, WG_STORE=True)}
 
 
 @pytest.mark.parametrize("shape,M,kind,form", [
@@ -321,7 +322,8 @@ WG_FORMS = {"default": {}, "bn128": dict(WG_BN=128), "bn2-256": dict(WG_BN2=256,
     ("tp8", 65, "distinct", "default"), ("tp8", 1, "distinct", "default"), ("odd-wg", 1000, "repeat", "default"),
     ("odd-wg", 333, "few", "default"), ("tp8", 4096, "distinct", "bn128"), ("tp8", 4096, "distinct", "bn2-256"),
     ("tp8", 4096, "distinct", "bm256"), ("odd-wg", 1000, "distinct", "bm256"), ("tp8", 4096, "few", "load8"),
-    ("tp8", 16384, "distinct", "store"), ("odd-wg", 1000, "repeat", "store")])
+    ("tp8", 16384, "distinct", "store"), ("odd-wg", 1000, "repeat", "store"), ("tp8", 4096, "one", "hres"),
+    ("odd-wg", 1000, "few", "hres"), ("tp8", 16384, "distinct", "hres-store")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -343,7 +345,8 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
                                                                               WG_BN2=mod.WG_BN2, WG_NT2=mod.WG_NT2,
                                                                               WG_STAGES=mod.WG_STAGES,
                                                                               WG_LOAD_WARPS=mod.WG_LOAD_WARPS,
-                                                                              WG_STORE=mod.WG_STORE))
+                                                                              WG_STORE=mod.WG_STORE,
+                                                                              WG_HRES=mod.WG_HRES))
     if shape == "tp8" and M == 1000 and form == "default":
         line["modelopt_rel_err_fp32_ref"] = _rel(_run(mod, params, x, idx), ref)
     SUMMARY["moe_nvfp4_prefill"].append(line)
@@ -355,9 +358,9 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
-    """The WGMMA render (as by default and with WG_STORE) captured once and replayed with new x and idx: the same
-    bits as direct launches (no atomics: each output written by one program)."""
-    for extra in ({}, dict(WG_STORE=True)):
+    """The WGMMA render (as by default and with WG_STORE and WG_HRES) captured once and replayed with new x and idx:
+    the same bits as direct launches (no atomics: each output written by one program)."""
+    for extra in ({}, dict(WG_STORE=True, WG_HRES=True)):
         _replays_equal_direct_launches(_module("tp8", tmp_path_factory, WGMMA=True, **extra),
                                        _relaid("tp8", tmp_path_factory), 4096, 27,
                                        ((28, "distinct"), (29, "few"), (30, "one")), check_ref=False)
