@@ -26,6 +26,11 @@ VARIANTS = {
                          "attention.sliding.rope.rotary_dim": 64},
     # every layer full attention (no RoPE layer at all), 4 layers
     "all-full": {"layers.full_every": 1, "num_layers": 4},
+    # explicit per-layer lists: a full first layer, dense MLPs between MoE ones (not only the first layers)
+    "explicit-mixed": {"layers.attention": ["full_attention", "sliding_attention", "sliding_attention",
+                                            "full_attention", "sliding_attention", "sliding_attention",
+                                            "full_attention", "sliding_attention"],
+                       "layers.mlp": ["sparse", "dense", "sparse", "dense", "sparse", "sparse", "dense", "sparse"]},
     # (1 + w) norm weights, the window not counting the current token, 12 experts in 3 groups, top-3, no renorm
     "gemma-norms-odd-router": {"norm.weight_form": "1+w", "attention.sliding.window_includes_current": False,
                                "mlp.moe.num_experts": 12, "mlp.moe.n_group": 3, "mlp.moe.topk_group": 2,
