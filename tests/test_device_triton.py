@@ -1,7 +1,7 @@
-"""Every kernel of the full spec's TP-8 sm90 package compiled ahead of time with the H200's Triton version (3.6), not
-this machine's: the CPU tests compile with whatever Triton is installed here, and a compiler crash that only the
-device's version has (the 2026-11-30 run 7: Triton 3.6's TritonGPUOptimizeDotOperands on the re-laid-out prefill
-MoE kernel) would otherwise first show on the device.
+"""Every kernel of the full spec's TP-8 sm90 package (and the MoE prefill's WGMMA render, off by default) compiled
+ahead of time with the H200's Triton version (3.6), not this machine's: the CPU tests compile with whatever Triton is
+installed here, and a compiler crash that only the device's version has (the 2026-11-30 run 7: Triton 3.6's
+TritonGPUOptimizeDotOperands on the re-laid-out prefill MoE kernel) would otherwise first show on the device.
 
 Opt-in (minutes on 2 cores): install the device's Triton beside this one and point BEAMC_DEVICE_TRITON at it,
     pip install --no-deps --target /tmp/t36 triton==3.6.0
@@ -31,9 +31,12 @@ from beamc.passes.manager import PASSES
 from beamc.spec import load_spec
 spec = load_spec(sys.argv[1])
 pkg = compile_package(spec, tp=8, rank=0, passes=list(PASSES))
+# the MoE prefill's WGMMA render (--set moe_nvfp4_prefill.WGMMA=true: off by default, its Gluon kernel included)
+wg = compile_package(spec, tp=8, rank=0, passes=list(PASSES), template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
+kernels = dict(pkg.kernels, **{n + "+wgmma": k for n, k in wg.kernels.items() if k.constants.get("WGMMA")})
 d = tempfile.mkdtemp()
 out = {"triton": triton.__version__, "failed": {}, "compiled": []}
-for name, k in sorted(pkg.kernels.items()):
+for name, k in sorted(kernels.items()):
     variants = [("", None)]
     if k.template == "moe_nvfp4_prefill":
         variants.append(("+relaid", True))
