@@ -103,7 +103,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def _run(mod, params, x, idx):
+def _run(mod, params, x, idx, keep: dict | None = None):
+    """y of one launch (poisoned first, the scratch's canaries and the sort's counts checked); `keep`: gets the
+    scratch under "scratch"."""
     M, k, H = x.shape[0], mod.TOP_K, mod.H
     y = torch.full((M, k, H), float("nan"), dtype=torch.bfloat16, device="cuda")
     n = mod.scratch_numel(M)
@@ -114,7 +116,20 @@ def _run(mod, params, x, idx):
     assert torch.isfinite(y).all(), "unwritten (or non-finite) outputs"
     counts = mod.scratch_views(scratch, M)["count"].long()
     assert torch.equal(counts, torch.bincount(idx.flatten(), minlength=mod.E)), "the sort's counts"
+    if keep is not None:
+        keep["scratch"] = scratch
     return y
+
+
+def _h_by_pair(mod, scratch, M: int) -> torch.Tensor:
+    """h (the gate_up stage's output) of each (token, choice) pair, from the scratch after a launch: the sorted rows
+    of every expert mapped back to their pairs (renders with other BLOCK_M sort into other rows)."""
+    v = mod.scratch_views(scratch, M)
+    rows = torch.cat([v["start"][e] + torch.arange(int(v["count"][e]), device=scratch.device)
+                      for e in range(mod.E) if int(v["count"][e]) > 0])
+    out = torch.full((M * mod.TOP_K, mod.I), float("nan"), dtype=scratch.dtype, device=scratch.device)
+    out[v["sorted"][rows].long()] = v["h"][rows]
+    return out
 
 
 def _worst_row(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -336,10 +351,15 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     g = torch.Generator().manual_seed(M + 3 * len(kind))
     x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
     idx = _routing(kind, M, mod.E, mod.TOP_K, g)
-    y = _run(mod, relaid, x, idx)
-    base = _run(_module(shape, tmp_path_factory), relaid, x, idx)
+    kw, kb = {}, {}
+    y = _run(mod, relaid, x, idx, kw)
+    base_mod = _module(shape, tmp_path_factory)
+    base = _run(base_mod, relaid, x, idx, kb)
     ref = REFS["moe_experts"]([x.float(), idx, *params], {"format": "nvfp4"})[0]
-    line = dict(shape=shape, M=M, routing=kind, variant=f"wgmma-{form}", rel_err_fp32_ref=_rel(y, ref),
+    # h of each pair against the default render's: a failure in stage 3 (gate_up + SwiGLU) told from one in stage 4
+    h_err = _rel(_h_by_pair(mod, kw["scratch"], M), _h_by_pair(base_mod, kb["scratch"], M))
+    line = dict(shape=shape, M=M, routing=kind, variant=f"wgmma-{form}", h_rel_err_default_render=h_err,
+                rel_err_fp32_ref=_rel(y, ref),
                 worst_row_rel_err=_worst_row(y, ref).max().item(), rel_err_default_render=_rel(y, base),
                 default_render_rel_err_fp32_ref=_rel(base, ref), tiles=dict(BLOCK_M=mod.BLOCK_M, WG_BN=mod.WG_BN,
                                                                               WG_BN2=mod.WG_BN2, WG_NT2=mod.WG_NT2,
@@ -353,6 +373,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     print(f"moe_nvfp4_prefill {shape} M={M} {kind} wgmma-{form}: rel err {line['rel_err_fp32_ref']:.2e} (fp32 ref; "
           f"default render {line['default_render_rel_err_fp32_ref']:.2e}), {line['rel_err_default_render']:.2e} "
           f"from the default render, worst row {line['worst_row_rel_err']:.2e}")
+    assert line["h_rel_err_default_render"] < 5e-3, line
     assert line["rel_err_fp32_ref"] < 1e-2 and line["worst_row_rel_err"] < 3e-2, line
     assert line["rel_err_default_render"] < 5e-3 and line.get("modelopt_rel_err_fp32_ref", 0) < 1e-2, line
 
