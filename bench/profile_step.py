@@ -220,7 +220,7 @@ SIDE_KERNEL = "l2_prefetch"  # the codegen's prefetch plan's kernel (templates/l
 
 
 def _kernel_kind(name: str) -> str:
-    """A coarse label for a kernel in a replay's timeline (generated Triton kernels are all named `kernel`)."""
+    """A coarse label for a kernel in a replay's timeline (generated kernels are named `kernel`, or GENERATED's others)."""
     low = name.lower()
     if name in GENERATED:
         return "triton"

@@ -248,6 +248,15 @@ def cuobjdump_text(cubin: bytes, tmp: Path, flag: str = "-sass") -> str | None:
     return subprocess.run([tool, flag, str(f)], capture_output=True, text=True, check=True).stdout
 
 
+def local_bytes(cubin: bytes, tmp: Path) -> int | None:
+    """LOCAL (spill) bytes of a cubin by cuobjdump -res-usage; None without cuobjdump."""
+    import re
+
+    res = cuobjdump_text(cubin, tmp, "-res-usage")
+    m = re.search(r"LOCAL:(\d+)", res) if res else None
+    return int(m.group(1)) if m else None
+
+
 def _sass_facts(cubin: bytes, tmp: Path) -> dict | None:
     """From the cubin's SASS and resource usage: HGMMA / LDGSTS.128 counts, local memory (spills) and stack."""
     sass = cuobjdump_text(cubin, tmp)

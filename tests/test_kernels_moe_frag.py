@@ -11,8 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
-import subprocess
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from beamc.codegen.package import compile_package
 from beamc.errors import BeamcError
 from beamc.passes.manager import PASSES
 from beamc.spec import load_spec
+from test_kernels_gemv import local_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4),
@@ -33,20 +32,6 @@ SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "tiny-tp1": dict(E=16
 
 def _constants(shape: str, **extra) -> dict:
     return dict(DTYPE="bf16", ROUTED_SCALE=2.5, **SHAPES[shape], **extra)
-
-
-def _local_bytes(cubin: bytes) -> int | None:
-    """LOCAL (spill) bytes of a cubin by cuobjdump, when the toolkit has it (else None)."""
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    if not tool.exists():
-        return None
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"frag-{os.getpid()}.cubin"
-    path.write_bytes(cubin)
-    out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True).stdout
-    m = re.search(r"LOCAL:(\d+)", out)
-    return int(m.group(1)) if m else None
 
 
 def _compile(args) -> list[dict]:
@@ -61,7 +46,7 @@ def _compile(args) -> list[dict]:
         body = ptx[ptx.index("griddepcontrol.wait"):] if "griddepcontrol.wait" in ptx else ""
         head = ptx[:ptx.index("griddepcontrol.wait")] if body else ptx
         out.append(dict(label=f"{label}@sm_{arch}/stage{stage}", stage=stage, options=opts,
-                        launch_pdl=bool(ck.metadata.launch_pdl), local=_local_bytes(ck.asm["cubin"]),
+                        launch_pdl=bool(ck.metadata.launch_pdl), local=local_bytes(ck.asm["cubin"], Path(directory)),
                         mma=len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16", ptx)),
                         bf16x2=ptx.count("mul.rn.bf16x2"), prefetch_l1=ptx.count("prefetch.global.L1"),
                         waits=ptx.count("griddepcontrol.wait"), triggers=ptx.count("griddepcontrol.launch_dependents"),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
-import subprocess
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ from beamc.codegen.package import compile_package
 from beamc.errors import BeamcError
 from beamc.spec import load_spec
 from conftest import assert_template_contract
+from test_kernels_gemv import local_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=768, I=192, TOP_K=3),
@@ -38,25 +38,12 @@ def _constants(shape: str, **extra) -> dict:
     return dict(DTYPE="bf16", WGMMA=True, **SHAPES[shape], **extra)
 
 
-def _local_bytes(cubin: bytes) -> int | None:
-    """LOCAL (spill) bytes of a cubin by cuobjdump, when the toolkit has it (else None)."""
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    if not tool.exists():
-        return None
-    path = Path(tempfile.mkdtemp()) / "wg.cubin"
-    path.write_bytes(cubin)
-    out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True).stdout
-    m = re.search(r"LOCAL:(\d+)", out)
-    return int(m.group(1)) if m else None
-
-
 def _compile(args) -> list[dict]:
     """The WGMMA stages' binaries of one render for sm_90a, in a worker process: what the test asserts about them."""
     label, constants = args
     os.environ.pop("TRITON_INTERPRET", None)
-    mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", constants), tempfile.mkdtemp())
+    directory = tempfile.mkdtemp()
+    mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", constants), directory)
     out = []
     for opts in launch_options(mod):
         if opts.get("fn") != "wg_kernel":
@@ -68,7 +55,7 @@ def _compile(args) -> list[dict]:
         out.append(dict(
             label=f"{label}/stage{stage}", stage=stage, shared=ck.metadata.shared,
             launch_pdl=bool(ck.metadata.launch_pdl),
-            local=_local_bytes(ck.asm["cubin"]), num_warps=ck.metadata.num_warps,
+            local=local_bytes(ck.asm["cubin"], Path(directory)), num_warps=ck.metadata.num_warps,
             wgmma=re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx),
             cp_async16=len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)),
             cp_async_arrive=ptx.count("cp.async.mbarrier.arrive"), decode_muls=ptx.count("mul.rn.bf16x2"),
