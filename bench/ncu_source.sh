@@ -4,6 +4,7 @@
 #   MoE experts at one token (re-laid out): stage 0 + stage 1; moe-frag / moe-frag-cp: moe_nvfp4_frag's, default and
 #   the cp.async render
 #   the router's prefill GEMM at 16,384 tokens: both launches
+#   moe-wgmma: moe_nvfp4_prefill's WGMMA render at 16,384 tokens, its two Gluon launches (`wg_kernel`: stages 3, 4)
 # Each: ncu with WarpStateStats + SourceCounters (+ SpeedOfLight, Occupancy, LaunchStats) into $OUT/NAME.ncu-rep, then
 # the report's source page as SASS with per-instruction samples ($OUT/NAME-sass.csv) and its details page (text).
 #   PYTHONPATH=... bash bench/ncu_source.sh [qkn moe router]    # on the H200; OUT defaults to /tmp/ncu
@@ -11,11 +12,11 @@
 set -u
 out=${OUT:-/tmp/ncu}
 mkdir -p "$out"
-prof() {  # NAME LAUNCH_COUNT CMD...
+prof() {  # NAME LAUNCH_COUNT CMD...  (kre=REGEX: the kernels' names, by default ^kernel$)
   local name=$1 count=$2
   shift 2
   echo "== $name: $*"
-  ncu --clock-control none --kernel-name 'regex:^kernel$' --launch-skip 2 --launch-count "$count" \
+  ncu --clock-control none --kernel-name "regex:${kre:-^kernel\$}" --launch-skip 2 --launch-count "$count" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SourceCounters --import-source yes -f -o "$out/$name" "$@" > "$out/$name.log" 2>&1
   echo "   rc $? ($(tail -1 "$out/$name.log"))"
@@ -32,6 +33,8 @@ for what in "${@:-qkn moe router}"; do
       moe-frag) prof moe-frag-t1 2 python3 bench/moe_frag_bench.py --ncu --tokens 1 ;;
       moe-frag-cp) prof moe-frag-cp-t1 2 python3 bench/moe_frag_bench.py --ncu --tokens 1 --variants "cp.async g5 r96" ;;
       router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
+      moe-wgmma) kre='^wg_kernel$' prof moe-wgmma-16k 2 \
+                   python3 bench/moe_prefill.py --tokens 16384 --ncu '{"WGMMA": true}' ;;
       *) echo "unknown profile $w" ;;
     esac
   done
