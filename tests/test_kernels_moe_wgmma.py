@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from beamc.checkpoint.nvfp4 import E2M1_VALUES
 from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.codegen.package import compile_package
 from beamc.errors import BeamcError
@@ -110,7 +111,7 @@ def _decode(words: torch.Tensor, sbytes: torch.Tensor, mod) -> torch.Tensor:
     """A re-laid-out word's 8 values (value (q, h) = k0 + 2 q + h: magnitude bits at MAG[q][h], sign at SGN[q][h])
     times its block scale (the byte decoded as the kernel does: bf16 bits byte * 16 + 0x7680 = |scale| x 2^119)."""
     w = words.to(torch.int64) & 0xFFFFFFFF
-    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    e2m1 = torch.tensor(E2M1_VALUES, dtype=torch.float64)
     vals = []
     for q in range(4):
         for h in range(2):
@@ -146,7 +147,7 @@ def test_decoded_tiles_meet_the_relayout_and_the_a_rows(shape):
         # the reference: E2M1 x block scale in natural k order (ModelOpt: even element in the low nibble)
         nib = raw_codes.view(-1, K // 2)[rows]
         nib = torch.stack([nib & 15, nib >> 4], dim=-1).view(len(rows), K).long()
-        e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+        e2m1 = torch.tensor(E2M1_VALUES, dtype=torch.float64)
         want = e2m1[nib & 7] * (1 - 2 * (nib >> 3).double())
         want = want * raw_scales.view(-1, K // 16)[rows].double().repeat_interleave(16, dim=1)
         for ks in range(K // 64):
