@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=768, I=192, TOP_K=3),
           "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4)}
 # the renders bench/moe_prefill.py times (tile forms of the WGMMA render)
-FORMS = {"default": {}, "bn128": dict(WG_BN=128), "bn2-256": dict(WG_BN2=256, WG_STAGES=3),
-         "bm256": dict(BLOCK_M=256, WG_STAGES=3), "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True),
-         "hres": dict(WG_HRES=True), "hres-store": dict(WG_HRES=True, WG_STORE=True)}
+FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, WG_STAGES=3),
+         "bn2-256": dict(WG_BN2=256, WG_STAGES=2), "bm256": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2),
+         "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True), "hres": dict(WG_HRES=True),
+         "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -59,6 +60,9 @@ def _compile(args) -> list[dict]:
             local=local_bytes(ck.asm["cubin"], Path(directory)), num_warps=ck.metadata.num_warps,
             wgmma=re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx),
             cp_async16=len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)),
+            cp_async8=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x8", ptx)),
+            cp_async4=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x4", ptx)),
+            wait_group=re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx), wdepth=mod.WG_WDEPTH,
             cp_async_arrive=ptx.count("cp.async.mbarrier.arrive"), decode_muls=ptx.count("mul.rn.bf16x2"),
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
@@ -90,21 +94,32 @@ def test_wgmma_renders_compile_for_sm90a():
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
         assert r["wgmma"] == [f"m64n{r['rows']}k16"] * per_step, r
         assert r["cp_async16"] == r["block_m"] * 4 // (16 * lw) and r["cp_async_arrive"] == 1, r
+        # the weight words (8 bytes a (row, c)) and scale words (4 bytes a (row, c // 2)) by cp.async, WG_WDEPTH
+        # steps ahead: copied in the prologue's WG_WDEPTH steps and once in the loop, waited for WG_WDEPTH groups on
+        slots = r["wdepth"] + 1
+        assert r["cp_async8"] == slots * 4 * r["rows"] // (32 * lw), r
+        assert r["cp_async4"] == slots * 2 * r["rows"] // (32 * lw), r
+        assert r["wait_group"] == [str(r["wdepth"])], r
         assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw), r
         assert ("inc", "96") in r["setmaxnreg"] and r["st_v4"] > 0, r
 
 
 def _words(codes, scales, rows, ks, K: int, RK: int):
-    """The words and block-scale bytes `_wg_words` reads for K step ks (its index arithmetic, moe_wgmma.inc.j2):
-    words [R, c // 2, c % 2, G'] and scale bytes [R, c // 2, G']."""
+    """The words and block-scale bytes the load partition copies and reads for K step ks (the index arithmetic of
+    `_wg_word_copies` and `_wg_ring_words`, moe_wgmma.inc.j2): words [R, c // 2, c % 2, G'], and the scale bytes
+    [R, c // 2, G'] taken out of the 4-byte words (row r's at r K / 64 + (base_s + (c // 2) NG) // 4) by shifts
+    of 8 ((base_s + (c // 2) NG) % 4 + G') bits (little-endian bytes)."""
     NG = RK // 32
     k0 = 64 * ks
     base_w = (k0 // RK) * (RK // 8) + (k0 % RK) // 32
     base_s = (k0 // RK) * (RK // 16) + (k0 % RK) // 32
     ch, cl, gp = torch.meshgrid(torch.arange(2), torch.arange(2), torch.arange(2), indexing="ij")
     wo = base_w + (2 * ch + cl) * NG + gp
-    so = base_s + ch[:, 0, :] * NG + gp[:, 0, :]
-    return codes.view(-1, K // 8)[rows][:, wo], scales.view(-1, K // 16)[rows][:, so]
+    sch, sgp = torch.arange(2)[:, None], torch.arange(2)[None, :]
+    swords = scales.contiguous().view(torch.int32).view(-1, K // 64)[rows][:, (base_s + sch[:, 0] * NG) // 4]
+    shift = ((base_s + sch * NG) % 4 + sgp) * 8  # [c // 2, G']
+    sbytes = (swords.to(torch.int64)[:, :, None] & 0xFFFFFFFF) >> shift[None] & 0xFF
+    return codes.view(-1, K // 8)[rows][:, wo], sbytes
 
 
 def _decode(words: torch.Tensor, sbytes: torch.Tensor, mod) -> torch.Tensor:
@@ -126,8 +141,8 @@ def _decode(words: torch.Tensor, sbytes: torch.Tensor, mod) -> torch.Tensor:
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_decoded_tiles_meet_the_relayout_and_the_a_rows(shape):
     """The load partition's weight tiles against the relayout's definition (moe_nvfp4_decode.relayout of random
-    ModelOpt experts): for every K step of both GEMMs, the words and scale bytes `_wg_words` reads, decoded and put
-    at the columns `_wg_decode` gives them ([row, G', c // 2, c % 2, value] flattened), are the dequantised
+    ModelOpt experts): for every K step of both GEMMs, the words and scale bytes the load partition reads, decoded
+    and put at the columns `_wg_decode` gives them ([row, G', c // 2, c % 2, value] flattened), are the dequantised
     weights E2M1 x block scale of values 64 ks .. 64 ks + 63 in natural order: the k order of the A rows' 64 values
     (one contiguous cp.async run per row), so every product meets its x (or h)."""
     from test_kernels_moe import nvfp4_experts
