@@ -33,7 +33,8 @@ SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=76
 FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, WG_STAGES=3),
          "bn2-256": dict(WG_BN2=256, WG_STAGES=2), "bm256": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2),
          "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True), "hres": dict(WG_HRES=True),
-         "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2)}
+         "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2), "acopy": dict(WG_ACOPY=True),
+         "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -67,7 +68,7 @@ def _compile(args) -> list[dict]:
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
-            load_warps=mod.WG_LOAD_WARPS, store=mod.WG_STORE and stage == 4,
+            load_warps=mod.WG_LOAD_WARPS, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
             stmatrix=ptx.count("stmatrix")))
     return out
 
@@ -88,7 +89,8 @@ def test_wgmma_renders_compile_for_sm90a():
     assert len(rows) == 2 * len(jobs)
     for r in rows:
         lw = r["load_warps"]
-        assert r["num_warps"] == 8 + lw + 4 * r["store"] and r["launch_pdl"] and r["loads_before_wait"] == 0, r
+        assert r["num_warps"] == 8 + lw + 4 * (r["store"] or r["acopy"]), r  # (WG_ACOPY: the A partition's 4)
+        assert r["launch_pdl"] and r["loads_before_wait"] == 0, r
         assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
@@ -102,6 +104,7 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["wait_group"] == [str(r["wdepth"])], r
         assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw), r
         assert ("inc", "96") in r["setmaxnreg"] and r["st_v4"] > 0, r
+        assert (("inc", "56") in r["setmaxnreg"]) == r["acopy"], r  # (WG_ACOPY: the A partition's registers)
 
 
 def _words(codes, scales, rows, ks, K: int, RK: int):

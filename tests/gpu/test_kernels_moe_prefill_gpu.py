@@ -330,7 +330,8 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
 WG_FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, WG_STAGES=3),
             "bn2-256": dict(WG_BN2=256, WG_STAGES=2), "bm256": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2),
             "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True), "hres": dict(WG_HRES=True),
-            "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2)}
+            "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2), "acopy": dict(WG_ACOPY=True),
+            "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True)}
 
 
 # (smallest first: were a form to hang, the log shows how far the others got before the timeout)
@@ -341,7 +342,8 @@ WG_FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128
     ("tp8", 4096, "distinct", "bm256"), ("odd-wg", 1000, "distinct", "bm256"), ("tp8", 4096, "few", "load8"),
     ("odd-wg", 1000, "repeat", "store"), ("tp8", 16384, "distinct", "store"), ("odd-wg", 1000, "few", "hres"),
     ("tp8", 4096, "one", "hres"), ("tp8", 16384, "distinct", "hres-store"), ("odd-wg", 1000, "few", "wdepth8"),
-    ("tp8", 4096, "distinct", "wdepth8")])
+    ("tp8", 4096, "distinct", "wdepth8"), ("odd-wg", 1000, "few", "acopy"), ("tp8", 4096, "distinct", "acopy"),
+    ("odd-wg", 333, "repeat", "acopy-hres"), ("tp8", 16384, "distinct", "acopy-hres")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
