@@ -384,9 +384,9 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
-    """The WGMMA render (as by default and with WG_STORE and WG_HRES) captured once and replayed with new x and idx:
-    the same bits as direct launches (no atomics: each output written by one program)."""
-    for extra in ({}, dict(WG_STORE=True, WG_HRES=True)):
+    """The WGMMA render (as by default, with WG_STORE and WG_HRES, and with WG_ACOPY) captured once and replayed with
+    new x and idx: the same bits as direct launches (no atomics: each output written by one program)."""
+    for extra in ({}, WG_FORMS["hres-store"], WG_FORMS["acopy-hres"]):
         _replays_equal_direct_launches(_module("tp8", tmp_path_factory, WGMMA=True, **extra),
                                        _relaid("tp8", tmp_path_factory), 4096, 27,
                                        ((28, "distinct"), (29, "few"), (30, "one")), check_ref=False)
