@@ -64,6 +64,10 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid WG_STORE", dict(WGMMA=True, WG_STORE=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_HRES", dict(WGMMA=True, WG_HRES=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_ACOPY", dict(WGMMA=True, WG_ACOPY=True), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2", dict(WGMMA=True, WG_WSTEPS=2), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=4 WG_WDEPTH=2", dict(WGMMA=True, WG_WSTEPS=4, WG_WDEPTH=2), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES", dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True,
+                                                                         WG_HRES=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_ACOPY WG_HRES", dict(WGMMA=True, WG_ACOPY=True, WG_HRES=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_HRES WG_STORE WG_WDEPTH=2", dict(WGMMA=True, WG_HRES=True, WG_STORE=True,
                                                                           WG_WDEPTH=2), True),
@@ -228,7 +232,7 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                                   DEQUANT_DOWN=mod.DEQUANT_DOWN, WGMMA=mod.WGMMA,
                                   **({k: getattr(mod, k) for k in ("WG_BN", "WG_BN2", "WG_NT2", "WG_STAGES",
                                                                     "WG_LOAD_WARPS", "WG_LOAD_REGS", "WG_STORE",
-                                                                    "WG_WDEPTH", "WG_HRES", "WG_ACOPY")}
+                                                                    "WG_WDEPTH", "WG_HRES", "WG_ACOPY", "WG_WSTEPS")}
                                      if mod.WGMMA else {})),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec

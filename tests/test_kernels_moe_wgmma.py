@@ -34,7 +34,8 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "bn2-256": dict(WG_BN2=256, WG_STAGES=2), "bm256": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2),
          "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True), "hres": dict(WG_HRES=True),
          "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2), "acopy": dict(WG_ACOPY=True),
-         "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True)}
+         "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True), "wsteps2": dict(WG_WSTEPS=2),
+         "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -64,6 +65,7 @@ def _compile(args) -> list[dict]:
             cp_async8=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x8", ptx)),
             cp_async4=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x4", ptx)),
             wait_group=re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx), wdepth=mod.WG_WDEPTH,
+            wsteps=mod.WG_WSTEPS if stage == 3 else 1,
             cp_async_arrive=ptx.count("cp.async.mbarrier.arrive"), decode_muls=ptx.count("mul.rn.bf16x2"),
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
@@ -95,34 +97,44 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
         assert r["wgmma"] == [f"m64n{r['rows']}k16"] * per_step, r
-        assert r["cp_async16"] == r["block_m"] * 4 // (16 * lw) and r["cp_async_arrive"] == 1, r
-        # the weight words (8 bytes a (row, c)) and scale words (4 bytes a (row, c // 2)) by cp.async, WG_WDEPTH
-        # steps ahead: copied in the prologue's WG_WDEPTH steps and once in the loop, waited for WG_WDEPTH groups on
-        slots = r["wdepth"] + 1
-        assert r["cp_async8"] == slots * 4 * r["rows"] // (32 * lw), r
-        assert r["cp_async4"] == slots * 2 * r["rows"] // (32 * lw), r
+        # the A rows by 16-byte copies (the loop's body unrolled over the WG_WSTEPS steps of a ring slot); the
+        # weight words (8 WG_WSTEPS bytes a (row, c): one 8-byte copy, or 16-byte ones) and the scale words (4 bytes
+        # a (row, c // 2), max(WG_WSTEPS / 2, 1) of them) by cp.async, WG_WDEPTH slots ahead: copied in the
+        # prologue's WG_WDEPTH slots and once in the loop, waited for WG_WDEPTH groups on
+        w, slots = r["wsteps"], r["wdepth"] + 1
+        per_row = 4 * r["rows"] // (32 * lw)
+        a_unroll = 1 if r["acopy"] else w  # (WG_ACOPY: the A partition's loop, step by step)
+        a16 = r["block_m"] * 4 // (16 * lw) * a_unroll
+        assert r["cp_async16"] == a16 + (slots * per_row * w // 2 if w > 1 else 0), r
+        assert r["cp_async8"] == (slots * per_row if w == 1 else 0) and r["cp_async_arrive"] == a_unroll, r
+        assert r["cp_async4"] == slots * per_row // 2 * max(w // 2, 1), r
         assert r["wait_group"] == [str(r["wdepth"])], r
-        assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw), r
+        assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step of a slot unrolled)
         assert ("inc", "96") in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert (("inc", "56") in r["setmaxnreg"]) == r["acopy"], r  # (WG_ACOPY: the A partition's registers)
 
 
-def _words(codes, scales, rows, ks, K: int, RK: int):
+def _words(codes, scales, rows, ks, K: int, RK: int, W: int = 1):
     """The words and block-scale bytes the load partition copies and reads for K step ks (the index arithmetic of
-    `_wg_word_copies` and `_wg_ring_words`, moe_wgmma.inc.j2): words [R, c // 2, c % 2, G'], and the scale bytes
-    [R, c // 2, G'] taken out of the 4-byte words (row r's at r K / 64 + (base_s + (c // 2) NG) // 4) by shifts
-    of 8 ((base_s + (c // 2) NG) % 4 + G') bits (little-endian bytes)."""
+    `_wg_word_copies` and `_wg_ring_words`, moe_wgmma.inc.j2, with runs of W steps: the run's first step ks - ks % W
+    copied, step ks its sub-step ks % W): words [R, c // 2, c % 2, G'] (of the run's 2 W words a (row, c)), and the
+    scale bytes [R, c // 2, G'] taken out of the run's 4-byte words (row r's at r K / 64 + (base_s + (c // 2) NG) // 4
+    + j) by shifts of 8 ((base_s + (c // 2) NG) % 4 + G') bits (W 1) or 8 (2 (sub % 2) + G') bits of word sub // 2
+    (little-endian bytes)."""
     NG = RK // 32
-    k0 = 64 * ks
+    sub = ks % W
+    k0 = 64 * (ks - sub)
     base_w = (k0 // RK) * (RK // 8) + (k0 % RK) // 32
     base_s = (k0 // RK) * (RK // 16) + (k0 % RK) // 32
-    ch, cl, gp = torch.meshgrid(torch.arange(2), torch.arange(2), torch.arange(2), indexing="ij")
-    wo = base_w + (2 * ch + cl) * NG + gp
+    ch, cl, gp = torch.meshgrid(torch.arange(2), torch.arange(2), torch.arange(2 * W), indexing="ij")
+    run = codes.view(-1, K // 8)[rows][:, base_w + (2 * ch + cl) * NG + gp]  # [R, c // 2, c % 2, 2 W] (the copy)
+    words = run[..., 2 * sub:2 * sub + 2]
     sch, sgp = torch.arange(2)[:, None], torch.arange(2)[None, :]
-    swords = scales.contiguous().view(torch.int32).view(-1, K // 64)[rows][:, (base_s + sch[:, 0] * NG) // 4]
-    shift = ((base_s + sch * NG) % 4 + sgp) * 8  # [c // 2, G']
+    first = (base_s + sch[:, 0] * NG) // 4 + sub // 2  # the word read (per c // 2)
+    swords = scales.contiguous().view(torch.int32).view(-1, K // 64)[rows][:, first]
+    shift = ((base_s + sch * NG) % 4 + sgp) * 8 if W == 1 else (2 * (sub % 2) + sgp + 0 * sch) * 8  # [c // 2, G']
     sbytes = (swords.to(torch.int64)[:, :, None] & 0xFFFFFFFF) >> shift[None] & 0xFF
-    return codes.view(-1, K // 8)[rows][:, wo], sbytes
+    return words, sbytes
 
 
 def _decode(words: torch.Tensor, sbytes: torch.Tensor, mod) -> torch.Tensor:
@@ -168,10 +180,13 @@ def test_decoded_tiles_meet_the_relayout_and_the_a_rows(shape):
         e2m1 = torch.tensor(E2M1_VALUES, dtype=torch.float64)
         want = e2m1[nib & 7] * (1 - 2 * (nib >> 3).double())
         want = want * raw_scales.view(-1, K // 16)[rows].double().repeat_interleave(16, dim=1)
-        for ks in range(K // 64):
-            wd, sb = _words(codes, scales, rows, ks, K, RK)
-            tile = _decode(wd, sb, mod).permute(0, 3, 1, 2, 4).reshape(len(rows), 64)
-            assert torch.equal(tile, want[:, 64 * ks:64 * ks + 64]), (shape, K, ks)
+        for W in (1, 2, 4):  # (WG_WSTEPS: runs of W steps a ring slot, where W divides K / 64 and RK / 64)
+            if (K // 64) % W or RK % (64 * W):
+                continue
+            for ks in range(K // 64):
+                wd, sb = _words(codes, scales, rows, ks, K, RK, W)
+                tile = _decode(wd, sb, mod).permute(0, 3, 1, 2, 4).reshape(len(rows), 64)
+                assert torch.equal(tile, want[:, 64 * ks:64 * ks + 64]), (shape, K, ks, W)
 
 
 def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
