@@ -35,7 +35,8 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True), "hres": dict(WG_HRES=True),
          "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2), "acopy": dict(WG_ACOPY=True),
          "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True), "wsteps2": dict(WG_WSTEPS=2),
-         "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True)}
+         "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True),
+         "bm256-wsteps2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -191,12 +192,20 @@ def test_decoded_tiles_meet_the_relayout_and_the_a_rows(shape):
 
 def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     """K steps of 64 values must lie within the relayout's chunks: the tiny spec's TP-2 experts (I 32) are refused
-    with the reason when WGMMA is pinned (`--set`), before anything runs; the render keeps the template contract
+    with the reason when WGMMA is pinned (`--set`), before anything runs; WG_WSTEPS falls back to what the chunks
+    take; the render keeps the template contract
     (its second kernel typed in SIGNATURES, its stage option sets naming it) and supersedes DEQUANT; the fp32
     instances (the CPU runtime's) render without it; the emitter does not pick it by default, and pinned it takes
     every prefill size (no DEQUANT renders beside it)."""
     with pytest.raises(Exception, match="WGMMA: K steps of 64"):
         load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", {**_constants("tiny-tp1"), "I": 32}), None)
+    # WG_WSTEPS: the most <= the one asked for that the relayout's chunks take (the odd shape's RK0 64: 1), else refused
+    odd = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", _constants("odd", WG_WSTEPS=4)), None)
+    full = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", _constants("full-tp8", WG_WSTEPS=4, WG_WDEPTH=2)),
+                       None)
+    assert (odd.RK0, odd.WG_WSTEPS, full.RK0, full.WG_WSTEPS) == (64, 1, 256, 4)
+    with pytest.raises(Exception, match="WG_WSTEPS 1, 2 or 4"):
+        load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", _constants("full-tp8", WG_WSTEPS=3)), None)
     mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", dict(_constants("full-tp8"), PDL=True)), None)
     assert_template_contract(mod)  # (with the second kernel's option sets)
     assert list(mod.SIGNATURE_WG) == mod.wg_kernel.arg_names and mod.DEQUANT is False and mod.BLOCK_M == 128

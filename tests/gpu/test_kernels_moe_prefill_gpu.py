@@ -332,7 +332,8 @@ WG_FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128
             "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True), "hres": dict(WG_HRES=True),
             "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2), "acopy": dict(WG_ACOPY=True),
             "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True), "wsteps2": dict(WG_WSTEPS=2),
-            "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True)}
+            "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True),
+            "bm256-wsteps2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2)}
 
 
 # (smallest first: were a form to hang, the log shows how far the others got before the timeout)
@@ -346,7 +347,8 @@ WG_FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128
     ("tp8", 4096, "distinct", "wdepth8"), ("odd-wg", 1000, "few", "acopy"), ("tp8", 4096, "distinct", "acopy"),
     ("odd-wg", 333, "repeat", "acopy-hres"), ("tp8", 16384, "distinct", "acopy-hres"),
     ("odd-wg", 1000, "few", "wsteps2"), ("tp8", 4096, "distinct", "wsteps2"), ("tp8", 4096, "few", "wsteps4"),
-    ("tp8", 16384, "distinct", "wsteps2-acopy")])
+    ("tp8", 16384, "distinct", "wsteps2-acopy"), ("odd-wg", 1000, "distinct", "bm256-wsteps2"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -389,7 +391,8 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
     """The WGMMA render (as by default, with WG_STORE and WG_HRES, and with WG_ACOPY) captured once and replayed with
     new x and idx: the same bits as direct launches (no atomics: each output written by one program)."""
-    for extra in ({}, WG_FORMS["hres-store"], WG_FORMS["acopy-hres"], WG_FORMS["wsteps2-acopy"]):
+    for extra in ({}, WG_FORMS["hres-store"], WG_FORMS["acopy-hres"], WG_FORMS["wsteps2-acopy"],
+                  WG_FORMS["bm256-wsteps2"]):
         _replays_equal_direct_launches(_module("tp8", tmp_path_factory, WGMMA=True, **extra),
                                        _relaid("tp8", tmp_path_factory), 4096, 27,
                                        ((28, "distinct"), (29, "few"), (30, "one")), check_ref=False)
