@@ -32,6 +32,7 @@ from beamc.ir.reference import REFS
 from beamc.spec import load_spec
 from conftest import captured_graph, write_gpu_summary
 from test_kernels_moe import moe_constants, nvfp4_experts
+from test_kernels_moe_wgmma import FORMS as WG_FORMS  # (the WGMMA render's tile forms, compiled there)
 
 pytestmark = pytest.mark.gpu
 
@@ -324,16 +325,6 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     SUMMARY["moe_nvfp4_prefill"].append(line)
     print(f"moe_nvfp4_prefill tiny f32 M={M}: {line}")
     assert line["dequant_worst_row_rel_err"] < 1e-5 and line["dequant-down_worst_row_rel_err"] < 1e-5, line
-
-
-# the WGMMA render's tile forms (bench/moe_prefill.py times the same)
-WG_FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, WG_STAGES=3),
-            "bn2-256": dict(WG_BN2=256, WG_STAGES=2), "bm256": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2),
-            "load8": dict(WG_LOAD_WARPS=8), "store": dict(WG_STORE=True), "hres": dict(WG_HRES=True),
-            "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2), "acopy": dict(WG_ACOPY=True),
-            "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True), "wsteps2": dict(WG_WSTEPS=2),
-            "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True),
-            "bm256-wsteps2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2)}
 
 
 # (smallest first: were a form to hang, the log shows how far the others got before the timeout)
