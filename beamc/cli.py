@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
                         "experts too (0.84 GB more) (on by default: the MoE experts 6.45 -> 3.94 ms per layer at "
                         "16,384 tokens on the H200); --no-moe-dequant: the dequantisation stays in the GEMMs' loops "
                         "at every size")
+    c.add_argument("--moe-wgmma", action=argparse.BooleanOptionalAction, default=True,
+                   help="sm90, bf16, the relayout on: prefills of 4,096 tokens or more run the MoE experts' GEMMs "
+                        "as warp-specialised wgmma kernels with the NVFP4 decode in their main loops, no scratch "
+                        "(on by default: 1,836 -> 1,476 us per layer at 4,096 tokens and 3,933 -> 3,760 at 16,384 "
+                        "on the H200, docs/perf-log.md); --no-moe-wgmma: the --moe-dequant renders as before")
     c.add_argument("--moe-combine-max-tokens", type=int, default=None, metavar="N",
                    help="at TP > 1, steps of up to N tokens run the MoE decode kernel's COMBINE render (the top-k "
                         "combine and x2.5 in its down GEMM's epilogue: one launch less per MoE layer); larger steps "

@@ -241,6 +241,7 @@ def compile_command(args: argparse.Namespace) -> None:
         pkg = compile_package(spec, target=args.target, tp=args.tp, rank=args.rank, passes=names, pdl=args.pdl,
                               nvfp4_relayout=getattr(args, "nvfp4_relayout", True),
                               moe_dequant=getattr(args, "moe_dequant", True),
+                              moe_wgmma=getattr(args, "moe_wgmma", True),
                               attention_mirror_pages=getattr(args, "attention_mirror", None),
                               moe_combine_max_tokens=getattr(args, "moe_combine_max_tokens", None),
                               moe_frag_max_tokens=getattr(args, "moe_frag_max_tokens", 0),

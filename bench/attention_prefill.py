@@ -264,7 +264,11 @@ SWEEP = ({}, dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=4),
          dict(MIRROR=True, GATE=True), dict(GATE=True),
          # TMA: the mirrored pass's unmasked K/V blocks by TMA copies (Triton 3.6's ptxas serialises the wgmmas of the
          # cp.async render, C7515; not with TMA)
-         dict(MIRROR=True, TMA=True), dict(MIRROR=True, TMA=True, NUM_STAGES=4), dict(MIRROR=True, TMA=True, GATE=True))
+         dict(MIRROR=True, TMA=True), dict(MIRROR=True, TMA=True, NUM_STAGES=4), dict(MIRROR=True, TMA=True, GATE=True),
+         # WGMMA: the mirrored pass as a warp-specialised Gluon kernel (K/V by TMA into a ring of WG_STAGES slots, the
+         # next block's scores issued before this block's P @ V)
+         dict(MIRROR=True, WGMMA=True), dict(MIRROR=True, WGMMA=True, WG_STAGES=3),
+         dict(MIRROR=True, WGMMA=True, BLOCK_N=128), dict(MIRROR=True, WGMMA=True, GATE=True))
 
 
 def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 100_000, device="cuda",

@@ -5,6 +5,8 @@
 #   the cp.async render
 #   the router's prefill GEMM at 16,384 tokens: both launches
 #   moe-wgmma: moe_nvfp4_prefill's WGMMA render at 16,384 tokens, its two Gluon launches (`wg_kernel`: stages 3, 4)
+#   attn-wgmma / attn-mirror: the full layer's mirrored prefill attention (8 x 2,048 over 100K, fp8 cache), the
+#   WGMMA render's Gluon pass / the Triton pass (stage 2)
 # Each: ncu with WarpStateStats + SourceCounters (+ SpeedOfLight, Occupancy, LaunchStats) into $OUT/NAME.ncu-rep, then
 # the report's source page as SASS with per-instruction samples ($OUT/NAME-sass.csv) and its details page (text).
 #   PYTHONPATH=... bash bench/ncu_source.sh [qkn moe router]    # on the H200; OUT defaults to /tmp/ncu
@@ -35,6 +37,10 @@ for what in "${@:-qkn moe router}"; do
       router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
       moe-wgmma) kre='^wg_kernel$' prof moe-wgmma-16k 2 \
                    python3 bench/moe_prefill.py --tokens 16384 --ncu '{"WGMMA": true}' ;;
+      attn-wgmma) kre='^wg_attention$' prof attn-wgmma-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
+                    --tiles '[{"MIRROR": true, "WGMMA": true}]' ;;
+      attn-mirror) prof attn-mirror-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
+                     --tiles '[{"MIRROR": true}]' ;;  # (launch 3 of `kernel`: the first launch's stage 2)
       *) echo "unknown profile $w" ;;
     esac
   done

@@ -56,7 +56,7 @@ from beamc.passes.manager import PASSES  # noqa: E402
 
 
 # `compile.NAME=VALUE` items: compile_package options a variant may set besides template constants
-COMPILE_OPTIONS = {"prefill_attention_gate": bool, "moe_combine_max_tokens": int, "moe_dequant": bool,
+COMPILE_OPTIONS = {"prefill_attention_gate": bool, "moe_combine_max_tokens": int, "moe_dequant": bool, "moe_wgmma": bool,
                    "attention_mirror_pages": int, "nvfp4_relayout": bool, "l2_prefetch_mb": int,
                    "moe_frag_max_tokens": int}
 

@@ -52,11 +52,14 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     assert all(p == ["decode"] for name, p in phases.items() if name.startswith(("gemv", "attention_decode")))
     assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("attention_prefill"))
     moe = sorted((v["template"], v["runs_when"], bool(v["constants"].get("DEQUANT")),
-                  bool(v["constants"].get("DEQUANT_DOWN"))) for v in man["kernels"].values() if v["op"] == "moe_experts")
-    assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False, False),  # (long prefills: the DEQUANT renders)
-                   ("moe_nvfp4_prefill.py.j2", "T >= 16384", True, True),
-                   ("moe_nvfp4_prefill.py.j2", "T >= 4096 and T <= 16383", True, False),
-                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 4095", False, False)]
+                  bool(v["constants"].get("WGMMA")), v["constants"].get("BLOCK_M"))
+                 for v in man["kernels"].values() if v["op"] == "moe_experts")
+    assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False, False, None),  # (long prefills: the WGMMA renders)
+                   ("moe_nvfp4_prefill.py.j2", "T >= 4096 and T <= 8191", False, True, 128),
+                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 4095", False, False, None),
+                   ("moe_nvfp4_prefill.py.j2", "T >= 8192", False, True, 256)]
+    assert man["moe_wgmma"] is True and all(v["choice"]["wgmma_from_tokens"] == 4096 for v in man["kernels"].values()
+                                            if v["template"].startswith("moe_nvfp4_prefill"))
     # the gemv / cuBLAS choice: each gemv kernel runs for T <= its bound, the library call above it, and says why
     gemv = [v for name, v in man["kernels"].items() if name.startswith("gemv")]
     assert gemv and all(v["runs_when"] == "T <= 1" and v["choice"]["basis"] == "rule" for v in gemv)
@@ -240,7 +243,8 @@ def test_qk_attention_emits_the_qkn_render_at_decode_and_two_launches_elsewhere(
 
 
 def test_prefill_options_reach_the_kernels_and_the_manifest():
-    """--no-moe-dequant: no DEQUANT render, the in-loop kernel for every T >= 65; --attention-mirror PAGES: the
+    """--no-moe-wgmma: the DEQUANT renders for long prefills (by default the WGMMA renders, no DEQUANT);
+    --no-moe-wgmma --no-moe-dequant: neither, the in-loop kernel for every T >= 65; --attention-mirror PAGES: the
     full-attention prefill kernels over an fp8 cache take MIRROR with that many pages (the sliding ones and the decode
     ones do not); auto (the default): pages for 8 sequences of max_position_embeddings; 0: none; all recorded in the
     manifest, and a negative page count is one clear error."""
@@ -250,14 +254,15 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
     data["dtypes"]["kv_cache"] = "fp8"
     spec = parse_spec(data)
     default = compile_package(spec, passes=ALL)
-    off = compile_package(spec, passes=ALL, moe_dequant=False, attention_mirror_pages=96)
-    none = compile_package(spec, passes=ALL, attention_mirror_pages=0)
+    off = compile_package(spec, passes=ALL, moe_dequant=False, moe_wgmma=False, attention_mirror_pages=96)
+    none = compile_package(spec, passes=ALL, moe_wgmma=False, attention_mirror_pages=0)
     auto = 8 * -(-spec.max_position_embeddings // default.page_size)
-    for pkg, dequant, pages in ((default, True, auto), (off, False, 96), (none, True, 0)):
+    for pkg, dequant, wgmma, pages in ((default, True, True, auto), (off, False, False, 96), (none, True, False, 0)):
         man = pkg.manifest()
-        assert man["moe_dequant"] is dequant and man["attention_mirror_pages"] == pages
+        assert man["moe_dequant"] is dequant and man["moe_wgmma"] is wgmma and man["attention_mirror_pages"] == pages
         ks = list(pkg.kernels.values())
-        assert any(k.constants.get("DEQUANT") for k in ks) is dequant
+        assert any(k.constants.get("WGMMA") for k in ks) is wgmma
+        assert any(k.constants.get("DEQUANT") for k in ks) is (dequant and not wgmma)
         mirrors = [k for k in ks if k.constants.get("MIRROR")]
         full_prefill = [k for k in ks if k.template == "attention_prefill" and k.constants["PAGED"]]
         assert full_prefill and all(k.constants["CACHE_DTYPE"] == "f8e4m3" for k in full_prefill)

@@ -239,7 +239,15 @@ def _jobs() -> list[tuple[str, dict, int]]:
     # and its attention with TMA loads of the mirrors' unmasked blocks (descriptor arguments), both targets
     tma = [(f"full-tp8,full,f8e4m3,gate,mirror,tma", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
                                                           GATE=True, MIRROR=True, TMA=True), arch) for arch in (90, 100)]
-    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma
+    # and its stage 2 as the warp-specialised Gluon kernel (WGMMA: wgmma, so sm_90a only), with and without the gate,
+    # and with its two warpgroups as two partitions (WG_SPLIT)
+    wgmma = [(f"full-tp8,full,f8e4m3,{'gate,' if gate else ''}mirror,wgmma",
+              dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=gate, MIRROR=True, WGMMA=True, _OPTION=4),
+              90) for gate in (False, True)] + [
+        ("full-tp8,full,f8e4m3,gate,mirror,wgmma,split", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
+                                                              GATE=True, MIRROR=True, WGMMA=True, WG_SPLIT=True,
+                                                              _OPTION=4), 90)]
+    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma
 
 
 def _compile(args) -> dict:
@@ -274,8 +282,8 @@ def test_aot_compile_every_variant(tmp_path):
         if r["stage"] == 2:  # the attention (MIRROR's plan and copy stages: no MMA, no division)
             assert r["mma"], f"{r['label']}: no tensor-core MMA"
             assert r["div_rn"] and not r["div_approx"], r  # the normalisation: IEEE reciprocals, no approximate division
-        opts = {k: v for k, v in r["options"].items() if k not in ("num_stages", "constexprs")}  # (num_stages only
-        # where not Triton's 3)
+        opts = {k: v for k, v in r["options"].items() if k not in ("num_stages", "constexprs", "fn")}  # (num_stages
+        # only where not Triton's 3; fn: a module's second kernel)
         assert opts == dict(num_warps=opts["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
                             launch_pdl=r["pdl"]) and r["options"].get("num_stages", 2) == 2, r
         assert r["launch_pdl"] == r["pdl"], r
@@ -283,7 +291,7 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["waits"] == 1, r
         if r["arch"] == 90 and r["stage"] == 2 and "f8e4m3" in r["label"]:  # wgmma operands: fp16 only with F16_DOT
             assert r["wgmma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
-    assert len(results) == 17
+    assert len(results) == 20
 
 
 # ---------------------------------------------------------------- 3. the contract

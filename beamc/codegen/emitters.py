@@ -273,6 +273,30 @@ MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS,
                       "source": "bench/results/moe-combine-2026-12-01-s10run5.json, "
                                 "variants-2026-12-02-s16run2.json (in the step; 2026-12-01 s11run1: 2.918 / 2.971 "
                                 "before the late PDL triggers)"}
+# sm90, bf16, the relayout on (`Context.moe_wgmma`): from MOE_WGMMA_MIN_TOKENS on, moe_nvfp4_prefill's WGMMA render
+# (its GEMMs warp-specialised on wgmma, the NVFP4 words copied by cp.async and decoded in the main loop by a load
+# partition; no dequantisation scratch) instead of the DEQUANT renders; from MOE_WGMMA_BM256_MIN_TOKENS on in its form
+# of 256-row blocks. H200 2026-12-05 (bench/results/moe-prefill-2026-12-05-s28run2.json, TP-8 shapes, re-laid-out
+# weights, us per MoE layer, both forms and the renders they replace in one run):
+#   4,096 tokens: in-loop 1,874, DEQUANT 1,836 (the render there before), WGMMA 128-row form 1,476, 256-row 1,616;
+#   16,384 tokens: DEQUANT 4,444, DEQUANT_DOWN 3,933 (the render there before), 128-row 4,256, 256-row 3,760.
+# Below 4,096 tokens not measured yet (the in-loop render stays); where the two forms cross between 4,096 and 16,384
+# not measured yet either (8,192: the geometric middle).
+MOE_WGMMA_MIN_TOKENS = 4096
+MOE_WGMMA_BM256_MIN_TOKENS = 8192
+MOE_WGMMA_FORMS = {
+    # 128-row blocks, the words two K steps a ring slot, the A rows by their own partition, stage 4's h rows resident
+    "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True),
+    # 256-row blocks (half the K steps per FLOP), 3 stages and a ring 2 slots ahead (shared memory)
+    "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2)}
+MOE_WGMMA_CHOICE = {"wgmma_from_tokens": MOE_WGMMA_MIN_TOKENS, "bm256_from_tokens": MOE_WGMMA_BM256_MIN_TOKENS,
+                    "basis": "measured at 4,096 and 16,384 tokens; the 256-row form's threshold interpolated",
+                    "forms": MOE_WGMMA_FORMS,
+                    "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c, "bm128_us": d,
+                                 "bm256_us": e}
+                                for t, a, b, c, d, e in ((4096, 1874, 1836, 1959, 1476, 1616),
+                                                         (16384, 5931, 4444, 3933, 4256, 3760))],
+                    "source": "bench/results/moe-prefill-2026-12-05-s28run2.json (H200)"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}
@@ -286,9 +310,11 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     """NVFP4 experts, both phases: up to 64 tokens the W4A16 decode kernel (only the chosen experts' bytes read,
     one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by expert on
     the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
-    native block-scaled NVFP4 path); on sm90 from MOE_DEQUANT_MIN_TOKENS on, the same kernel's DEQUANT render (the
-    gate_up weights dequantised once per step), from MOE_DEQUANT_DOWN_MIN_TOKENS on with DEQUANT_DOWN (the down weights
-    too). Dense (bf16) experts: the reference loop over experts."""
+    native block-scaled NVFP4 path); on sm90 (bf16, the relayout on) from MOE_WGMMA_MIN_TOKENS on, the same kernel's
+    WGMMA render (its GEMMs warp-specialised on wgmma, the NVFP4 decode in the main loop; MOE_WGMMA_FORMS), else (or
+    with --no-moe-wgmma) from MOE_DEQUANT_MIN_TOKENS on its DEQUANT render (the gate_up weights dequantised once per
+    step), from MOE_DEQUANT_DOWN_MIN_TOKENS on with DEQUANT_DOWN (the down weights too). Dense (bf16) experts: the
+    reference loop over experts."""
     if node.attrs.get("combine"):
         return _moe_experts_combine(node, g, ctx)
     fmt = node.attrs["format"]
@@ -306,10 +332,18 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     large = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay,
                    **({"NATIVE_FP4": True} if ctx.target == "sm100" else {}))
     out = [large]
-    # (sm100's native NVFP4 MMAs read the packed weights as they are; a pinned WGMMA render, which decodes the weights
-    # in its GEMMs' main loops, takes every prefill size: no DEQUANT renders beside it)
-    wgmma = ctx.template_overrides.get("moe_nvfp4_prefill", {}).get("WGMMA")
-    if ctx.moe_dequant and ctx.target == "sm90" and not wgmma:
+    # (sm100's native NVFP4 MMAs read the packed weights as they are; a pinned WGMMA render (`--set
+    # moe_nvfp4_prefill.WGMMA=...`, either way) takes every prefill size: no other renders beside it)
+    pinned = "WGMMA" in ctx.template_overrides.get("moe_nvfp4_prefill", {})
+    if (ctx.moe_wgmma and ctx.target == "sm90" and ctx.dtype == "bf16" and ctx.nvfp4_relayout and small is not None
+            and not pinned):  # (the WGMMA render reads the re-laid-out words: the decode module's relayout)
+        mid = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **MOE_WGMMA_FORMS["bm128"])
+        big = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **MOE_WGMMA_FORMS["bm256"])
+        out = [dataclasses.replace(large, max_tokens=MOE_WGMMA_MIN_TOKENS - 1, choice=MOE_WGMMA_CHOICE),
+               dataclasses.replace(mid, min_tokens=MOE_WGMMA_MIN_TOKENS, max_tokens=MOE_WGMMA_BM256_MIN_TOKENS - 1,
+                                   choice=MOE_WGMMA_CHOICE),
+               dataclasses.replace(big, min_tokens=MOE_WGMMA_BM256_MIN_TOKENS, choice=MOE_WGMMA_CHOICE)]
+    elif ctx.moe_dequant and ctx.target == "sm90" and not pinned:
         long = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True)
         longest = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True, DEQUANT_DOWN=True)
         out = [dataclasses.replace(large, max_tokens=MOE_DEQUANT_MIN_TOKENS - 1, choice=MOE_DEQUANT_CHOICE),

@@ -69,6 +69,10 @@ class Package:
     # once per step into scratch, from MOE_DEQUANT_DOWN_MIN_TOKENS the down weights too (on by default since the H200
     # runs of 2026-12-01; off: `--no-moe-dequant`)
     moe_dequant: bool = True
+    # sm90 prefills of emitters.MOE_WGMMA_MIN_TOKENS or more (the relayout on, bf16) take the MoE render whose GEMMs
+    # run on wgmma with the NVFP4 decode in their main loops (moe_nvfp4_prefill's WGMMA; on by default since the
+    # H200 runs of 2026-12-05; off: `--no-moe-wgmma`, then the DEQUANT renders as before)
+    moe_wgmma: bool = True
     # up to this many tokens the MoE decode kernel's COMBINE render (the combine_experts pass's op); None: the
     # emitter's default (`emitters.MOE_COMBINE_MAX_TOKENS`, 0: off, slower in the step at T = 1);
     # `--moe-combine-max-tokens`
@@ -174,6 +178,7 @@ class Package:
             "steps": {p: {"launches": len(st.launches), "scratch": _scratch(st)} for p, st in self.steps.items()},
             "nvfp4_relayout": self.nvfp4_relayout,
             "moe_dequant": self.moe_dequant,
+            "moe_wgmma": self.moe_wgmma,
             "moe_combine_max_tokens": self.moe_combine_max_tokens,
             "moe_frag_max_tokens": self.moe_frag_max_tokens,
             "attention_mirror_pages": self.attention_mirror_pages,
@@ -305,7 +310,7 @@ L2_PREFETCH_MB = 0
 def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank: int = 0,
                     passes: list[str] | tuple[str, ...] = (), dtype: str | None = None,
                     phases: tuple[str, ...] = ("decode", "prefill"), pdl: bool = True,
-                    nvfp4_relayout: bool = True, moe_dequant: bool = True,
+                    nvfp4_relayout: bool = True, moe_dequant: bool = True, moe_wgmma: bool = True,
                     attention_mirror_pages: int | None = None, moe_combine_max_tokens: int | None = None,
                     prefill_attention_gate: bool = False, moe_frag_max_tokens: int = 0,
                     template_overrides: dict[str, dict[str, Any]] | None = None, l2_prefetch_mb: int | None = None,
@@ -316,6 +321,8 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     `nvfp4_relayout`: the runtime re-lays out the NVFP4 experts at load for the sm90 MoE kernels (on by default: see
     `Package.nvfp4_relayout`); recorded in the manifest. `moe_dequant`: prefills of many tokens take the MoE render
     that dequantises the gate_up weights once per step (`emitters.MOE_DEQUANT_MIN_TOKENS`); recorded likewise.
+    `moe_wgmma`: sm90 prefills of many tokens take the MoE render on wgmma instead (`emitters.MOE_WGMMA_CHOICE`;
+    it needs the relayout); recorded likewise.
     `moe_combine_max_tokens`: up to this many tokens the MoE decode kernel combines the top-k in its down epilogue (at
     TP > 1, the combine_experts pass); None: `emitters.MOE_COMBINE_MAX_TOKENS`; recorded likewise.
     `attention_mirror_pages` > 0: full-attention prefill over fp8 caches through a bf16 mirror of that many pages
@@ -344,7 +351,7 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     if moe_combine_max_tokens is not None and moe_combine_max_tokens < 0:
         raise BeamcError("--moe-combine-max-tokens", f"{moe_combine_max_tokens} tokens", "give a count >= 0 (0: off)")
     ctx = Context(target=target, dtype=dtype or compiled.graphs[phases[0]][0].meta["dtype"], pdl=pdl,
-                  moe_dequant=moe_dequant, attention_mirror_pages=attention_mirror_pages,
+                  moe_dequant=moe_dequant, moe_wgmma=moe_wgmma, attention_mirror_pages=attention_mirror_pages,
                   moe_combine_max_tokens=moe_combine_max_tokens, prefill_attention_gate=prefill_attention_gate,
                   nvfp4_relayout=nvfp4_relayout, moe_frag_max_tokens=moe_frag_max_tokens,
                   template_overrides=template_overrides, overrides_from=overrides_from)
@@ -379,6 +386,7 @@ def compile_package(spec: ModelSpec, *, target: str = "sm90", tp: int = 1, rank:
     pools = [n.out.shape for n in steps[phases[0]].graph.leaves("state").values() if n.out.shape[0] == "P"]
     return Package(spec, target, tp, rank, list(passes), steps, kernels, dtype=ctx.dtype,
                    page_size=pools[0][1] if pools else None, nvfp4_relayout=nvfp4_relayout, moe_dequant=moe_dequant,
+                   moe_wgmma=moe_wgmma,
                    attention_mirror_pages=attention_mirror_pages, moe_combine_max_tokens=moe_combine_max_tokens,
                    prefill_attention_gate=prefill_attention_gate, moe_frag_max_tokens=moe_frag_max_tokens,
                    template_overrides=template_overrides, l2_prefetch_mb=l2_prefetch_mb)

@@ -19,6 +19,7 @@ class Context:
     dtype: str  # activation IR dtype (bf16 for real packages; f32 for CPU test instances)
     pdl: bool = True  # Programmatic Dependent Launch in every bf16 kernel (verified on the H200: same bits, faster)
     moe_dequant: bool = True  # long prefills: the MoE gate_up weights dequantised once per step (`emitters`)
+    moe_wgmma: bool = True  # sm90 prefills from emitters.MOE_WGMMA_MIN_TOKENS: the MoE GEMMs on wgmma (`emitters`)
     moe_combine_max_tokens: int | None = None  # up to this many tokens the MoE decode kernel's COMBINE render (a
     # moe_experts op with `combine`); None: `emitters.MOE_COMBINE_MAX_TOKENS`
     nvfp4_relayout: bool = True  # the runtime re-lays out NVFP4 experts at load (`Package.nvfp4_relayout`)

@@ -367,6 +367,7 @@ class Model:
                                        dtype="f32" if pdt == "f32" else None,
                                        nvfp4_relayout=bool(m.get("nvfp4_relayout", False)),
                                        moe_dequant=bool(m.get("moe_dequant", False)),
+                                       moe_wgmma=bool(m.get("moe_wgmma", False)),
                                        attention_mirror_pages=int(m.get("attention_mirror_pages", 0)),
                                        moe_combine_max_tokens=m.get("moe_combine_max_tokens"),
                                        moe_frag_max_tokens=int(m.get("moe_frag_max_tokens", 0)),

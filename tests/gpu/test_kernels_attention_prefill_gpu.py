@@ -234,3 +234,82 @@ def test_mirror_render_gives_the_same_bits(case, pages, tiles, kdir):
     print(f"attention_prefill MIRROR {case}: {line}")
     assert line["bitwise"] and err < 1e-2, line
     assert line["mirrored_slots"] == (1 if pages else len(seqs)), line
+
+
+@pytest.mark.parametrize("case,pages,gate,tiles", [
+    ("ragged", None, False, {}),  # room for every slot: all rows by the Gluon pass
+    ("ragged-shuffled", None, True, {}),  # tiles straddling sequences, the output gate in the epilogue
+    ("long-100k", None, False, {}),
+    ("long-100k+decode", 6300, False, {}),  # room for one 100K context only: the other slots from the pool (Triton)
+    ("long-100k+decode", None, True, {}),
+    ("ragged-shuffled", None, True, dict(WG_SPLIT=True)),  # the two warpgroups as two partitions
+    ("long-100k+decode", 6300, False, dict(WG_SPLIT=True)),
+    ("ragged", None, False, dict(WG_STAGES=2)),
+])
+def test_wgmma_render_matches_reference(case, pages, gate, tiles, kdir):
+    """WGMMA (MIRROR's stage 2 as a warp-specialised Gluon kernel: K/V by TMA into a ring, S of the next block issued
+    before P @ V of this one): the fp32 reference to < 1e-2 (gated: the MIRROR render's gated output, the gate being
+    the same epilogue, to < 1e-2), no output left unwritten; outputs and the mirrors poisoned with NaN first (rows of
+    a block past the slot's last position must be zeroed, not read). How far from the Triton MIRROR render it is
+    (bitwise or not) is recorded."""
+    c = dict(_constants("full", "f8e4m3"), GATE=gate, MIRROR=True, **({"MIRROR_PAGES": pages} if pages else {}))
+    op = "attention_gate" if gate else "attention"
+    tri = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
+    wg = load_kernel(KernelSpec("attention_prefill", op, dict(c, WGMMA=True, **tiles)), kdir)
+    assert wg.WGMMA and not tri.WGMMA
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=11, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
+    T, hq, d = ins[0].shape
+    if gate:
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        g = torch.randn(T, (hq + 2) * d, device="cuda", generator=gen).to(torch.bfloat16)[:, :hq * d].view(T, hq, d)
+        ins = [*ins, g, torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)]
+    outs = []
+    for m in (tri, wg):
+        out = torch.full_like(ins[0], float("nan"))
+        scratch = torch.full((m.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
+        m.launch(*ins, out, scratch)
+        torch.cuda.synchronize()
+        outs.append(out)
+    nan = int(outs[1].isnan().sum())
+    vs_triton = _norm_rel(outs[1], outs[0]) if nan == 0 else float("inf")
+    err = vs_triton if gate else (_norm_rel(outs[1], reference(c, ins, torch.float32)) if nan == 0 else float("inf"))
+    line = dict(case=case, mirror_pages=wg.MIRROR_PAGES, gate=gate, tiles=tiles, tokens=T, nan=nan, rel_err=err,
+                rel_err_vs_triton_mirror=vs_triton, bitwise_vs_triton_mirror=bool(torch.equal(outs[1], outs[0])))
+    SUMMARY.setdefault("wgmma", []).append(line)
+    print(f"attention_prefill WGMMA {case}: {line}")
+    assert nan == 0 and err < 1e-2, line
+
+
+def test_wgmma_render_graph_replays_new_inputs(kdir):
+    """The WGMMA render captured once replays on new inputs (other prior contexts copied into the captured buffers)
+    to the eager launch's bits."""
+    c = dict(_constants("full", "f8e4m3"), MIRROR=True, WGMMA=True)
+    mod = load_kernel(KernelSpec("attention_prefill", "attention", c), kdir)
+    first = [(0, 0, 300), (1, 511, 17), (2, 4096, 1)]
+    second = [(0, 3797, 300), (1, 0, 17), (2, 527, 1)]
+    ins = make_case(c, first, seed=1, device="cuda", q_dtype=torch.bfloat16)
+    T = ins[0].shape[0]
+    out = torch.full_like(ins[0], float("nan"))
+    scratch = torch.full((mod.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mod.launch(*ins, out, scratch)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            mod.launch(*ins, out, scratch)
+    torch.cuda.synchronize()
+    fresh = make_case(c, second, seed=2, device="cuda", q_dtype=torch.bfloat16)
+    for a, b in zip(ins, fresh):
+        a.copy_(b)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = torch.full_like(out, float("nan"))
+    mod.launch(*ins, eager, scratch)
+    torch.cuda.synchronize()
+    err = _norm_rel(out, reference(c, ins, torch.float32))
+    SUMMARY["graph"].append(dict(kind="full-wgmma", equal_eager=bool(torch.equal(out, eager)), rel_err=err))
+    assert not out.isnan().any() and torch.equal(out, eager)
+    assert err < 1e-2, err

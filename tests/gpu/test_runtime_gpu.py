@@ -301,13 +301,18 @@ def test_tp2_rank_with_moe_frag(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, su
     assert summary["tp2_moe_frag"]["median_rel_vs_plain"] < 5e-2, summary["tp2_moe_frag"]
 
 
-def test_prefill_with_the_wgmma_moe(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, pkg_bf16, summary):
-    """`--set moe_nvfp4_prefill.WGMMA=true`: prefills of more than 64 tokens run the MoE GEMMs as the warp-specialised
-    Gluon kernel (the weights decoded by its load partition; tests/gpu/test_kernels_moe_prefill_gpu.py checks the
-    kernel). A ragged prefill of 4 sequences (250 tokens): graph replay equal to eager bit for bit; then teacher-forced
-    on the bf16 interpreter's greedy tokens for 16 decode steps, the package tracks it as the default package does
-    (mean |delta logprob| < MAX_MEAN_DLOGPROB, or within 1.5x the default package's)."""
-    pkg = _package(tiny_spec, tmp_path_factory, None, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
+@pytest.mark.parametrize("form", ["plain", "bm128", "bm256"])
+def test_prefill_with_the_wgmma_moe(form, tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, pkg_bf16, summary):
+    """`--set moe_nvfp4_prefill.WGMMA=true` (plain), or pinned to one of the forms the emitter takes from 4,096 tokens
+    on (emitters.MOE_WGMMA_FORMS): prefills of more than 64 tokens run the MoE GEMMs as the warp-specialised Gluon
+    kernel (the weights decoded by its load partition; tests/gpu/test_kernels_moe_prefill_gpu.py checks the kernel). A
+    ragged prefill of 4 sequences (250 tokens): graph replay equal to eager bit for bit; then teacher-forced on the
+    bf16 interpreter's greedy tokens for 16 decode steps, the package tracks it as the default package does (mean
+    |delta logprob| < MAX_MEAN_DLOGPROB, or within 1.5x the default package's)."""
+    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+
+    pin = {"WGMMA": True} if form == "plain" else dict(MOE_WGMMA_FORMS[form])
+    pkg = _package(tiny_spec, tmp_path_factory, None, template_overrides={"moe_nvfp4_prefill": pin})
     lens = (100, 80, 50, 20)
     seqs = [_ids(n, 70 + i) for i, n in enumerate(lens)]
     graphs, eager = _load(pkg, tiny_ckpt_nvfp4), _load(pkg, tiny_ckpt_nvfp4, eager=True)
@@ -318,7 +323,7 @@ def test_prefill_with_the_wgmma_moe(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory
     assert torch.isfinite(a).all() and torch.equal(a, b)
     t_wg = _track(_load(pkg, tiny_ckpt_nvfp4), _ref(tiny_spec, tiny_ckpt_nvfp4, "bf16"), seqs, 16)
     t_default = _track(_load(pkg_bf16, tiny_ckpt_nvfp4), _ref(tiny_spec, tiny_ckpt_nvfp4, "bf16"), seqs, 16)
-    summary["prefill_wgmma_moe"] = {"graphs_bitwise_eager": True, "wgmma": t_wg, "default": t_default}
+    summary[f"prefill_wgmma_moe_{form}"] = {"graphs_bitwise_eager": True, "wgmma": t_wg, "default": t_default}
     assert t_wg["mean_abs_dlogprob"] < max(MAX_MEAN_DLOGPROB, 1.5 * t_default["mean_abs_dlogprob"]), summary
 
 
