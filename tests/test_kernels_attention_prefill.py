@@ -231,7 +231,9 @@ def _jobs() -> list[tuple[str, dict, int]]:
                 ("full-tp8,full,f8e4m3,gate", dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True)),
                 # F16_DOT: q, K, V and p as fp16 MMA operands
                 ("full-tp8,full,f8e4m3,gate,f16-dot", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
-                                                           GATE=True, F16_DOT=True))]
+                                                           GATE=True, F16_DOT=True)),
+                # EX2_FTZ: the softmax's exp2 as one ex2.approx.ftz
+                ("full-tp8,sliding,bf16,ex2-ftz", dict(spec_constants(full, 8, "sliding"), EX2_FTZ=True))]
     # the MIRROR render (sm_90a): its three binaries (_OPTION: the index in LAUNCH_OPTIONS: the attention, the plan,
     # the copy)
     mirror = [(f"full-tp8,full,f8e4m3,gate,mirror,o{i}", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
@@ -291,7 +293,7 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["waits"] == 1, r
         if r["arch"] == 90 and r["stage"] == 2 and "f8e4m3" in r["label"]:  # wgmma operands: fp16 only with F16_DOT
             assert r["wgmma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
-    assert len(results) == 20
+    assert len(results) == 22
 
 
 # ---------------------------------------------------------------- 3. the contract

@@ -195,8 +195,9 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     with the reason when WGMMA is pinned (`--set`), before anything runs; WG_WSTEPS falls back to what the chunks
     take; the render keeps the template contract
     (its second kernel typed in SIGNATURES, its stage option sets naming it) and supersedes DEQUANT; the fp32
-    instances (the CPU runtime's) render without it; the emitter does not pick it by default, and pinned it takes
-    every prefill size (no DEQUANT renders beside it)."""
+    instances (the CPU runtime's) render without it; the emitter picks its two forms by default from 4,096 tokens
+    (emitters.MOE_WGMMA_FORMS; none with moe_wgmma=False), and pinned it takes every prefill size (no DEQUANT
+    renders beside it)."""
     with pytest.raises(Exception, match="WGMMA: K steps of 64"):
         load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", {**_constants("tiny-tp1"), "I": 32}), None)
     # WG_WSTEPS: the most <= the one asked for that the relayout's chunks take (the odd shape's RK0 64: 1), else refused
@@ -213,7 +214,12 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     assert f32.WGMMA is False and not hasattr(f32, "wg_kernel")
     spec = load_spec(ROOT / "models/beam-tiny.yaml")
     pkg = compile_package(spec, dtype="bf16", tp=1)
-    assert not any(k.constants.get("WGMMA") for k in pkg.kernels.values())
+    forms = sorted((k.constants.get("BLOCK_M"), bool(k.constants.get("WG_ACOPY"))) for k in pkg.kernels.values()
+                   if k.constants.get("WGMMA"))
+    assert forms == [(128, True), (256, False)], forms
+    off = compile_package(spec, dtype="bf16", tp=1, moe_wgmma=False)
+    assert not any(k.constants.get("WGMMA") for k in off.kernels.values())
+    assert any(k.constants.get("DEQUANT") for k in off.kernels.values())
     pinned = compile_package(spec, dtype="bf16", tp=1, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
     prefill = [k for k in pinned.kernels.values() if k.template == "moe_nvfp4_prefill"]
     assert len(prefill) == 1 and prefill[0].constants["WGMMA"]  # (every prefill size: no DEQUANT render beside it)

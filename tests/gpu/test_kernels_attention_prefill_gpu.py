@@ -313,3 +313,28 @@ def test_wgmma_render_graph_replays_new_inputs(kdir):
     SUMMARY["graph"].append(dict(kind="full-wgmma", equal_eager=bool(torch.equal(out, eager)), rel_err=err))
     assert not out.isnan().any() and torch.equal(out, eager)
     assert err < 1e-2, err
+
+
+@pytest.mark.parametrize("kind,cache,tiles", [("full", "f8e4m3", dict(MIRROR=True)), ("full", "bf16", {}),
+                                              ("sliding", "bf16", {}), ("sliding", "f8e4m3", {})])
+def test_ex2_ftz_matches_reference(kind, cache, tiles, kdir):
+    """EX2_FTZ (the softmax's exp2 as one ex2.approx.ftz): the fp32 reference to < 1e-2, no output left unwritten;
+    whether it gives the same bits as the render without it (only p below 2^-126 can differ) is recorded."""
+    c = dict(_constants(kind, cache), **tiles)
+    plain = _module(c, kdir)
+    ftz = _module(dict(c, EX2_FTZ=True), kdir)
+    assert ftz.EX2_FTZ and not plain.EX2_FTZ
+    ins = make_case(c, [(0, 0, 700), (1, 511, 300), (2, 100_000, 64), (3, 4096, 1)], seed=21, device="cuda",
+                    q_dtype=torch.bfloat16, shuffle=True, n_slots=4)
+    outs = []
+    for m in (plain, ftz):
+        out = torch.full_like(ins[0], float("nan"))
+        m.launch(*ins, out)
+        torch.cuda.synchronize()
+        outs.append(out)
+    nan = int(outs[1].isnan().sum())
+    err = _norm_rel(outs[1], reference(c, ins, torch.float32)) if nan == 0 else float("inf")
+    line = dict(kind=kind, cache=cache, tiles=tiles, nan=nan, rel_err=err, bitwise=bool(torch.equal(*outs)))
+    SUMMARY.setdefault("ex2_ftz", []).append(line)
+    print(f"attention_prefill EX2_FTZ {kind} {cache}: {line}")
+    assert nan == 0 and err < 1e-2, line
