@@ -72,6 +72,11 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES", dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True,
                                                                          WG_HRES=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_ACOPY WG_HRES", dict(WGMMA=True, WG_ACOPY=True, WG_HRES=True), True),
+    # WG_V16: stage 4's words (the relayout's chunks of one K step) in 16-byte copies; the two default forms with it
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16",
+     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16",
+     dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_HRES WG_STORE WG_WDEPTH=2", dict(WGMMA=True, WG_HRES=True, WG_STORE=True,
                                                                           WG_WDEPTH=2), True),
     ("moe_nvfp4_prefill wgmma modelopt (Triton stages, BLOCK_M 128)", dict(WGMMA=True), False),
@@ -235,7 +240,8 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                                   DEQUANT_DOWN=mod.DEQUANT_DOWN, WGMMA=mod.WGMMA,
                                   **({k: getattr(mod, k) for k in ("WG_BN", "WG_BN2", "WG_NT2", "WG_STAGES",
                                                                     "WG_LOAD_WARPS", "WG_LOAD_REGS", "WG_STORE",
-                                                                    "WG_WDEPTH", "WG_HRES", "WG_ACOPY", "WG_WSTEPS")}
+                                                                    "WG_WDEPTH", "WG_HRES", "WG_ACOPY", "WG_WSTEPS",
+                                                                    "WG_V16")}
                                      if mod.WGMMA else {})),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec

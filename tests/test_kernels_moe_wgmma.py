@@ -36,7 +36,10 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "hres-store": dict(WG_HRES=True, WG_STORE=True, WG_WDEPTH=2), "acopy": dict(WG_ACOPY=True),
          "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True), "wsteps2": dict(WG_WSTEPS=2),
          "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True),
-         "bm256-wsteps2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2)}
+         "bm256-wsteps2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2),
+         # WG_V16: stage 4's words (chunks of one K step) in 16-byte copies
+         "bm256-wsteps2-v16": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True),
+         "acopy-hres-wsteps2-v16": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -66,7 +69,7 @@ def _compile(args) -> list[dict]:
             cp_async8=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x8", ptx)),
             cp_async4=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x4", ptx)),
             wait_group=re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx), wdepth=mod.WG_WDEPTH,
-            wsteps=mod.WG_WSTEPS if stage == 3 else 1,
+            wsteps=mod.WG_WSTEPS if stage == 3 else 1, rk=mod.RK0 if stage == 3 else mod.RK1, wv16=mod.WG_V16,
             cp_async_arrive=ptx.count("cp.async.mbarrier.arrive"), decode_muls=ptx.count("mul.rn.bf16x2"),
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
@@ -99,15 +102,18 @@ def test_wgmma_renders_compile_for_sm90a():
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
         assert r["wgmma"] == [f"m64n{r['rows']}k16"] * per_step, r
         # the A rows by 16-byte copies (the loop's body unrolled over the WG_WSTEPS steps of a ring slot); the
-        # weight words (8 WG_WSTEPS bytes a (row, c): one 8-byte copy, or 16-byte ones) and the scale words (4 bytes
-        # a (row, c // 2), max(WG_WSTEPS / 2, 1) of them) by cp.async, WG_WDEPTH slots ahead: copied in the
-        # prologue's WG_WDEPTH slots and once in the loop, waited for WG_WDEPTH groups on
+        # weight words (8 WG_WSTEPS bytes a (row, c): one 8-byte copy, or 16-byte ones; WG_V16 with chunks of one
+        # K step, RK 64, and WG_WSTEPS 1: the 4 words of a (row, c // 2) in one 16-byte copy) and the scale words (4 bytes a
+        # (row, c // 2), max(WG_WSTEPS / 2, 1) of them) by cp.async, WG_WDEPTH slots ahead: copied in the prologue's
+        # WG_WDEPTH slots and once in the loop, waited for WG_WDEPTH groups on
         w, slots = r["wsteps"], r["wdepth"] + 1
         per_row = 4 * r["rows"] // (32 * lw)
         a_unroll = 1 if r["acopy"] else w  # (WG_ACOPY: the A partition's loop, step by step)
         a16 = r["block_m"] * 4 // (16 * lw) * a_unroll
-        assert r["cp_async16"] == a16 + (slots * per_row * w // 2 if w > 1 else 0), r
-        assert r["cp_async8"] == (slots * per_row if w == 1 else 0) and r["cp_async_arrive"] == a_unroll, r
+        v16 = r["wv16"] and r["rk"] == 64 and w == 1
+        assert r["cp_async16"] == a16 + (slots * per_row * w // 2 if w > 1 or v16 else 0), r
+        assert r["cp_async8"] == (slots * per_row if w == 1 and not v16 else 0), r
+        assert r["cp_async_arrive"] == a_unroll, r
         assert r["cp_async4"] == slots * per_row // 2 * max(w // 2, 1), r
         assert r["wait_group"] == [str(r["wdepth"])], r
         assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step of a slot unrolled)
@@ -115,7 +121,7 @@ def test_wgmma_renders_compile_for_sm90a():
         assert (("inc", "56") in r["setmaxnreg"]) == r["acopy"], r  # (WG_ACOPY: the A partition's registers)
 
 
-def _words(codes, scales, rows, ks, K: int, RK: int, W: int = 1):
+def _words(codes, scales, rows, ks, K: int, RK: int, W: int = 1, v16: bool = False):
     """The words and block-scale bytes the load partition copies and reads for K step ks (the index arithmetic of
     `_wg_word_copies` and `_wg_ring_words`, moe_wgmma.inc.j2, with runs of W steps: the run's first step ks - ks % W
     copied, step ks its sub-step ks % W): words [R, c // 2, c % 2, G'] (of the run's 2 W words a (row, c)), and the
@@ -130,6 +136,11 @@ def _words(codes, scales, rows, ks, K: int, RK: int, W: int = 1):
     ch, cl, gp = torch.meshgrid(torch.arange(2), torch.arange(2), torch.arange(2 * W), indexing="ij")
     run = codes.view(-1, K // 8)[rows][:, base_w + (2 * ch + cl) * NG + gp]  # [R, c // 2, c % 2, 2 W] (the copy)
     words = run[..., 2 * sub:2 * sub + 2]
+    if v16 and RK == 64 and W == 1:  # WG_V16's [R, 2, 4] slot: a (row, c // 2)'s 4 words, read as [R, 2, 2, 2]
+        j = torch.arange(4)
+        slot = codes.view(-1, K // 8)[rows][:, base_w + torch.arange(2)[:, None] * 4 + j[None, :]]  # the copy
+        assert torch.equal(slot.view(len(rows), 2, 2, 2), words)  # (the same words where the decode reads them)
+        words = slot.view(len(rows), 2, 2, 2)
     sch, sgp = torch.arange(2)[:, None], torch.arange(2)[None, :]
     first = (base_s + sch[:, 0] * NG) // 4 + sub // 2  # the word read (per c // 2)
     swords = scales.contiguous().view(torch.int32).view(-1, K // 64)[rows][:, first]
@@ -185,9 +196,10 @@ def test_decoded_tiles_meet_the_relayout_and_the_a_rows(shape):
             if (K // 64) % W or RK % (64 * W):
                 continue
             for ks in range(K // 64):
-                wd, sb = _words(codes, scales, rows, ks, K, RK, W)
-                tile = _decode(wd, sb, mod).permute(0, 3, 1, 2, 4).reshape(len(rows), 64)
-                assert torch.equal(tile, want[:, 64 * ks:64 * ks + 64]), (shape, K, ks, W)
+                for v16 in (False, True):
+                    wd, sb = _words(codes, scales, rows, ks, K, RK, W, v16)
+                    tile = _decode(wd, sb, mod).permute(0, 3, 1, 2, 4).reshape(len(rows), 64)
+                    assert torch.equal(tile, want[:, 64 * ks:64 * ks + 64]), (shape, K, ks, W, v16)
 
 
 def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
