@@ -232,6 +232,28 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     off = compile_package(spec, dtype="bf16", tp=1, moe_wgmma=False)
     assert not any(k.constants.get("WGMMA") for k in off.kernels.values())
     assert any(k.constants.get("DEQUANT") for k in off.kernels.values())
+    # shapes without K steps of 64 (the tiny spec at TP 2: I = 32 a rank) keep the DEQUANT renders, and every prefill
+    # kernel of the package renders (no template refusal for a valid spec)
+    from beamc.codegen.emitters import wgmma_shapes
+
+    assert wgmma_shapes(5120, 320) and wgmma_shapes(768, 192) and not wgmma_shapes(256, 32)
+    assert not wgmma_shapes(5120, 96) and not wgmma_shapes(5120 + 32, 320)
+    tp2 = compile_package(spec, dtype="bf16", tp=2)
+    prefill2 = [k for k in tp2.kernels.values() if k.template == "moe_nvfp4_prefill"]
+    assert prefill2 and not any(k.constants.get("WGMMA") for k in prefill2)
+    assert any(k.constants.get("DEQUANT") for k in prefill2)
+    for k in prefill2 + [k for k in pkg.kernels.values() if k.template == "moe_nvfp4_prefill"]:
+        load_kernel(k, None)
+    # the full spec at every TP degree: the WGMMA forms render (stage 4's resident h rows only where they fit: I / 64 <=
+    # MOE_WGMMA_HRES_MAX_STEPS)
+    full = load_spec(ROOT / "models/beam.yaml")
+    for tp in (1, 2, 4, 8):
+        ks = [k for k in compile_package(full, tp=tp, phases=("prefill",)).kernels.values()
+              if k.template == "moe_nvfp4_prefill"]
+        assert sum(bool(k.constants.get("WGMMA")) for k in ks) == 2, tp
+        for k in ks:
+            mod = load_kernel(k, None)
+            assert not mod.WGMMA or mod.WG_HRES == (mod.BLOCK_M == 128 and mod.I // 64 <= 6), (tp, mod.I)
     pinned = compile_package(spec, dtype="bf16", tp=1, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
     prefill = [k for k in pinned.kernels.values() if k.template == "moe_nvfp4_prefill"]
     assert len(prefill) == 1 and prefill[0].constants["WGMMA"]  # (every prefill size: no DEQUANT render beside it)

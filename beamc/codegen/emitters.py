@@ -289,9 +289,13 @@ MOE_WGMMA_FORMS = {
     "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True),
     # 256-row blocks (half the K steps per FLOP), 3 stages and a ring 2 slots ahead (shared memory)
     "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2)}
+# the 128-row form's WG_HRES keeps a row block's h (128 x I bf16) resident in stage 4's shared memory: beside its ring
+# that fits up to I / 64 = 6 K steps (the template's WG_SMEM4: 16 KB a step + 121 KB, within 227 KB); above (TP < 8
+# of the full spec: I 640 .. 2,560) the form runs without it
+MOE_WGMMA_HRES_MAX_STEPS = 6
 MOE_WGMMA_CHOICE = {"wgmma_from_tokens": MOE_WGMMA_MIN_TOKENS, "bm256_from_tokens": MOE_WGMMA_BM256_MIN_TOKENS,
                     "basis": "measured at 4,096 and 16,384 tokens; the 256-row form's threshold interpolated",
-                    "forms": MOE_WGMMA_FORMS,
+                    "forms": MOE_WGMMA_FORMS, "bm128_hres_up_to_k_steps": MOE_WGMMA_HRES_MAX_STEPS,
                     "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c, "bm128_us": d,
                                  "bm256_us": e}
                                 for t, a, b, c, d, e in ((4096, 1874, 1836, 1959, 1476, 1616),
@@ -336,8 +340,12 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     # moe_nvfp4_prefill.WGMMA=...`, either way) takes every prefill size: no other renders beside it)
     pinned = "WGMMA" in ctx.template_overrides.get("moe_nvfp4_prefill", {})
     if (ctx.moe_wgmma and ctx.target == "sm90" and ctx.dtype == "bf16" and ctx.nvfp4_relayout and small is not None
-            and not pinned):  # (the WGMMA render reads the re-laid-out words: the decode module's relayout)
-        mid = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **MOE_WGMMA_FORMS["bm128"])
+            and wgmma_shapes(dims["H"], dims["I"], ksplit) and not pinned):
+        # (the WGMMA render reads the re-laid-out words, the decode module's relayout, in K steps of 64; other shapes
+        # keep the DEQUANT renders below)
+        bm128 = dict(MOE_WGMMA_FORMS["bm128"], **({} if dims["I"] // 64 <= MOE_WGMMA_HRES_MAX_STEPS
+                                                  else {"WG_HRES": False}))
+        mid = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **bm128)
         big = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **MOE_WGMMA_FORMS["bm256"])
         out = [dataclasses.replace(large, max_tokens=MOE_WGMMA_MIN_TOKENS - 1, choice=MOE_WGMMA_CHOICE),
                dataclasses.replace(mid, min_tokens=MOE_WGMMA_MIN_TOKENS, max_tokens=MOE_WGMMA_BM256_MIN_TOKENS - 1,
@@ -412,6 +420,21 @@ def frag_shapes(H: int, I: int, top_k: int, relayout_ksplit: int = 4, ksplit: in
     if not bk0 or not bk1 or top_k not in (1, 2, 4, 8) or I % 8 or H % 16:
         return False
     return H % (32 * min(4, bk0 // 32) * ksplit) == 0
+
+
+def wgmma_shapes(H: int, I: int, relayout_ksplit: int = 4) -> bool:
+    """Whether moe_nvfp4_prefill's WGMMA render takes these shapes (its template's assert): K steps of 64 values
+    within the relayout's chunks, i.e. H and I multiples of 64 and so are the chunks RK0 (the largest power of 2 <= 256
+    dividing H / relayout_ksplit) and RK1 (the largest <= 64 dividing I)."""
+    def pow2_divisor(n: int, most: int) -> int:
+        b = 1
+        while b * 2 <= most and n % (b * 2) == 0:
+            b *= 2
+        return b
+
+    if H % 64 or I % 64 or H % relayout_ksplit:
+        return False
+    return pow2_divisor(H // relayout_ksplit, 256) % 64 == 0 and pow2_divisor(I, 64) % 64 == 0
 
 
 def _moe_frag(node: Node, constants: dict, ctx: Context, most: int) -> Launch | None:
