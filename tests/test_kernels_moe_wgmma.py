@@ -37,6 +37,8 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "acopy-hres": dict(WG_ACOPY=True, WG_HRES=True), "wsteps2": dict(WG_WSTEPS=2),
          "wsteps4": dict(WG_WSTEPS=4, WG_WDEPTH=2), "wsteps2-acopy": dict(WG_WSTEPS=2, WG_ACOPY=True),
          "bm256-wsteps2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2),
+         # the emitter's 128-row default form (emitters.MOE_WGMMA_FORMS["bm128"])
+         "acopy-hres-wsteps2": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2),
          # WG_V16: stage 4's words (chunks of one K step) in 16-byte copies
          "bm256-wsteps2-v16": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True),
          "acopy-hres-wsteps2-v16": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True)}
@@ -306,3 +308,14 @@ def test_launcher_runs_the_sort_then_the_gluon_stages_on_relaid_weights():
             assert kw["enable_fp_fusion"] is False and "fn" not in kw
             assert {n for n, t in mod.SIGNATURE_WG.items() if t == "constexpr"} == {
                 n for n in kw if n not in ("num_warps", "launch_pdl", "enable_fp_fusion", "enable_reflect_ftz")}
+
+
+def test_the_emitters_forms_are_forms_tested_here():
+    """The emitter's default WGMMA forms (emitters.MOE_WGMMA_FORMS) are forms this file compiles and the GPU tests
+    run (tests/gpu/test_kernels_moe_prefill_gpu.py takes FORMS from here): a change to one must show in the other."""
+    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+
+    tested = list(FORMS.values())
+    for name, form in MOE_WGMMA_FORMS.items():
+        form = {k: v for k, v in form.items() if k != "WGMMA" and (k, v) != ("BLOCK_M", 128)}  # (the defaults)
+        assert form in tested, (name, form)

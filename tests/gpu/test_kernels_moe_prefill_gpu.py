@@ -340,7 +340,8 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("odd-wg", 1000, "few", "wsteps2"), ("tp8", 4096, "distinct", "wsteps2"), ("tp8", 4096, "few", "wsteps4"),
     ("tp8", 16384, "distinct", "wsteps2-acopy"), ("odd-wg", 1000, "distinct", "bm256-wsteps2"),
     ("tp8", 16384, "distinct", "bm256-wsteps2"), ("odd-wg", 1000, "few", "bm256-wsteps2-v16"),
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16"), ("tp8", 4096, "distinct", "acopy-hres-wsteps2-v16")])
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16"), ("tp8", 4096, "distinct", "acopy-hres-wsteps2-v16"),
+    ("tp8", 4096, "distinct", "acopy-hres-wsteps2"), ("odd-wg", 1000, "repeat", "acopy-hres-wsteps2")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
