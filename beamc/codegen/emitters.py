@@ -414,27 +414,30 @@ def frag_shapes(H: int, I: int, top_k: int, relayout_ksplit: int = 4, ksplit: in
     """Whether moe_nvfp4_frag renders for these shapes (its template's asserts): the relayout's chunks of >= 32
     values (BK0: the largest power of 2 <= 256 dividing H / relayout_ksplit; BK1: <= 64 dividing I), H in whole
     units of min(4, BK0 / 32) words over `ksplit` warps, 8 rows of I and 16 of H a program, top-k 1, 2, 4 or 8."""
-    bk0 = max((b for b in (32, 64, 128, 256) if (H // relayout_ksplit) % b == 0 and H % relayout_ksplit == 0),
-              default=0)
-    bk1 = max((b for b in (32, 64) if I % b == 0), default=0)
-    if not bk0 or not bk1 or top_k not in (1, 2, 4, 8) or I % 8 or H % 16:
+    bk0, bk1 = relayout_chunks(H, I, relayout_ksplit)
+    if bk0 < 32 or bk1 < 32 or top_k not in (1, 2, 4, 8) or I % 8 or H % 16:
         return False
     return H % (32 * min(4, bk0 // 32) * ksplit) == 0
 
 
-def wgmma_shapes(H: int, I: int, relayout_ksplit: int = 4) -> bool:
-    """Whether moe_nvfp4_prefill's WGMMA render takes these shapes (its template's assert): K steps of 64 values
-    within the relayout's chunks, i.e. H and I multiples of 64 and so are the chunks RK0 (the largest power of 2 <= 256
-    dividing H / relayout_ksplit) and RK1 (the largest <= 64 dividing I)."""
+def relayout_chunks(H: int, I: int, relayout_ksplit: int = 4) -> tuple[int, int]:
+    """The NVFP4 relayout's chunks (moe_nvfp4_decode's BK0 / BK1, moe_nvfp4_prefill's RK0 / RK1): the largest power
+    of 2 <= 256 dividing H / relayout_ksplit (0 when relayout_ksplit does not divide H), the largest <= 64 dividing I."""
     def pow2_divisor(n: int, most: int) -> int:
         b = 1
         while b * 2 <= most and n % (b * 2) == 0:
             b *= 2
         return b
 
-    if H % 64 or I % 64 or H % relayout_ksplit:
-        return False
-    return pow2_divisor(H // relayout_ksplit, 256) % 64 == 0 and pow2_divisor(I, 64) % 64 == 0
+    return (pow2_divisor(H // relayout_ksplit, 256) if H % relayout_ksplit == 0 else 0), pow2_divisor(I, 64)
+
+
+def wgmma_shapes(H: int, I: int, relayout_ksplit: int = 4) -> bool:
+    """Whether moe_nvfp4_prefill's WGMMA render takes these shapes (its template's assert): K steps of 64 values
+    within the relayout's chunks, i.e. H and I multiples of 64 and so are the chunks RK0 (the largest power of 2 <= 256
+    dividing H / relayout_ksplit) and RK1 (the largest <= 64 dividing I)."""
+    rk0, rk1 = relayout_chunks(H, I, relayout_ksplit)
+    return not (H % 64 or I % 64) and rk0 % 64 == 0 and rk0 > 0 and rk1 % 64 == 0
 
 
 def _moe_frag(node: Node, constants: dict, ctx: Context, most: int) -> Launch | None:
