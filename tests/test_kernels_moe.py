@@ -367,6 +367,13 @@ MOE_COMBINE_CASES = {
     # COMBINE_R 64: 64 A rows per stage-1 warp (twice the rows of H per program, half the programs)
     "tp2-T3-raw-shared-r64": (2, dict(COMBINE_R=64), 3, False, "shared", None),
     "E5-T3-k3-relaid-bad-ids-r64": (1, dict(_odd(5, 384, 96, 3), COMBINE_R=64), 3, True, "bad", 2.5),
+    # PERSIST: both stages' items walked by G programs (in the interpreter the walks as two launches): a few programs
+    # walking many items, more programs than one stage's items, and one per item
+    "tp2-T3-raw-shared-persist3": (2, dict(PERSIST=True, PERSIST_PROGRAMS=3), 3, False, "shared", None),
+    "E5-T3-k3-relaid-bad-ids-persist7": (1, dict(_odd(5, 384, 96, 3), PERSIST=True, PERSIST_PROGRAMS=7), 3, True,
+                                         "bad", 2.5),
+    "tp1-T1-relaid-x2.5-persist": (1, dict(PERSIST=True), 1, True, "distinct", 2.5),
+    "tp2-T1-raw-persist-noscan": (2, dict(PERSIST=True, SCAN_T1=False, PERSIST_PROGRAMS=5), 1, False, "distinct", 2.5),
 }
 
 
@@ -419,6 +426,13 @@ def check_moe_combine(label: str, tiny, kdir) -> dict:
     comb.launch(y, w, idx, two)
     err, err_two = rel_max(out, ref), rel_max(out, two)
     assert torch.isfinite(out).all() and err < 1e-5 and err_two < 1e-5, (err, err_two)
+    if mod.PERSIST:  # the same items' code as the two-launch COMBINE render: the same bits, h and out
+        staged = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=scale,
+                                                                      PERSIST=False)), kdir)
+        out2, scratch2 = torch.full_like(out, float("nan")), torch.full_like(scratch, float("nan"))
+        staged.launch(x, idx, *ps, w, out2, scratch2)
+        assert torch.equal(out, out2) and torch.equal(scratch[:n], scratch2[:n])
+        assert int(mod.counters(out.device, 2)[:2].abs().sum()) == 0, "the barrier's counters not left at 0"
     return dict(rel_err=err, rel_err_vs_two_launches=err_two)
 
 
@@ -566,7 +580,9 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
             ("full-tp8,no-scan-t1", dict(moe_constants(full, 8), SCAN_T1=False), (1, True)),
             ("full-tp8,trigger-at-once", dict(moe_constants(full, 8), LATE_TRIGGER=False), (1, True)),
             ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True)),
-            ("full-tp8,ksplit8", dict(moe_constants(full, 8), KSPLIT=8), (1, True))]
+            ("full-tp8,ksplit8", dict(moe_constants(full, 8), KSPLIT=8), (1, True)),
+            ("full-tp8,combine-persist", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5, PERSIST=True),
+             (1, True))]
 
 
 def _local_bytes(cubin: bytes) -> int | None:
@@ -608,6 +624,10 @@ def _compile(args) -> dict:
                 relaid=relaid, shf=ptx.count("shf.l.wrap.b32"), bf16x2=ptx.count("mul.rn.bf16x2"), others=others,
                 late=bool(mod.LATE_TRIGGER or mod.LATE_TRIGGER1), late_pair=(mod.LATE_TRIGGER, mod.LATE_TRIGGER1),
                 stage0_only=mod.KSPLIT != 4, regs=getattr(ck, "n_regs", None),
+                persist=bool(getattr(mod, "PERSIST", False)), coop=bool(ck.metadata.launch_cooperative_grid),
+                barrier=[m.start() if m else -1 for m in (re.search(x, ptx) for x in (
+                    r"griddepcontrol\.wait", r"(red|atom)\.global\.gpu\.release\.add", r"ld\.acquire\.gpu",
+                    r"atom\.global\.gpu\.relaxed\.add", r"griddepcontrol\.launch_dependents"))],
                 **pdl_facts(ptx))
 
 
@@ -636,6 +656,8 @@ def test_aot_compile_every_variant(tmp_path):
             want = {(True, False): (2, True), (True, True): (2, False), (False, False): (1, True)}[r["late_pair"]]
             if r["stage0_only"]:  # (KSPLIT 8: stage 0's binary alone: its one trigger, after the wait and K loop)
                 want = (1, not r["late_pair"][0])
+            if r["persist"]:  # (PERSIST: one binary, its one trigger after the grid barrier)
+                want = (1, False)
             assert (r["launch_dependents"], r["launch_dependents_first"]) == want, r
         # 4 bf16x2 multiplies per decoded word; the re-laid-out words' rotates (shf.l.wrap) only there
         assert r["mma"] >= 2 and r["bf16x2"] >= 8 and r["bf16x2"] % 4 == 0, r
@@ -643,8 +665,13 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-    assert len(results) == 2 * len(_variants()) == 26
-    assert sum(r["pdl"] for r in results) == 24
+        # PERSIST: a cooperative launch; the wait, then the arrival (a release), the poll (acquire), the departure,
+        # and the trigger only after the barrier, in this order in the PTX
+        assert r["coop"] == r["persist"], r
+        if r["persist"]:
+            assert min(r["barrier"]) > 0 and r["barrier"] == sorted(r["barrier"]), r
+    assert len(results) == 2 * len(_variants()) == 28
+    assert sum(r["pdl"] for r in results) == 26 and sum(r["persist"] for r in results) == 2
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

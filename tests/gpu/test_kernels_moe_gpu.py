@@ -239,7 +239,14 @@ def test_moe_nvfp4_decode_combine_render(T, relaid, kind, tmp_path_factory):
 # (The twentieth session's L2 prefetch renders ran here too before they were removed: s20run2-3; so did GSCALE_EARLY
 # and SCALAR_BASE, stage 0's early global scales and scalar base pointers, before they were measured slower and
 # removed: 2026-12-02.)
-RENDER_VARIANTS = {"early1": dict(EARLY1=True), "r64": dict(COMBINE_R=64)}
+# PERSIST (both stages in one cooperative launch, a grid barrier between them): as many programs as fit at once, 7
+# programs walking many items each, and 132; and without the idx scan at one token (SCAN_T1 off: in the two-launch
+# form faster alone but slower in the step, because later kernels' programs then shared stage 0's SMs, which
+# PERSIST's trigger after the barrier rules out).
+RENDER_VARIANTS = {"early1": dict(EARLY1=True), "r64": dict(COMBINE_R=64), "persist": dict(PERSIST=True),
+                   "persist-g7": dict(PERSIST=True, PERSIST_PROGRAMS=7),
+                   "persist-g132": dict(PERSIST=True, PERSIST_PROGRAMS=132),
+                   "persist-noscan": dict(PERSIST=True, SCAN_T1=False)}
 
 
 @pytest.mark.parametrize("variant", sorted(RENDER_VARIANTS))
@@ -257,8 +264,9 @@ def test_moe_nvfp4_decode_combine_variant(T, relaid, kind, variant, tmp_path_fac
                                                                                   **extra)), d)
                             for extra in ({}, RENDER_VARIANTS[variant]))
     mods = _CACHE[key]
-    assert (mods[0].EARLY1_CHUNKS, mods[0].COMBINE_R) == (0, 32)
-    assert (mods[1].EARLY1_CHUNKS, mods[1].COMBINE_R) == {"early1": (5, 32), "r64": (0, 64)}[variant]
+    assert (mods[0].EARLY1_CHUNKS, mods[0].COMBINE_R, mods[0].PERSIST) == (0, 32, False)
+    want = {"early1": (5, 32, False), "r64": (0, 64, False)}.get(variant, (0, 32, True))
+    assert (mods[1].EARLY1_CHUNKS, mods[1].COMBINE_R, mods[1].PERSIST) == want
     params = _weights(relaid, mods[0])
     x = torch.empty(T, c["H"], dtype=torch.bfloat16, device="cuda")
     idx = torch.empty(T, c["TOP_K"], dtype=torch.int64, device="cuda")
@@ -298,6 +306,8 @@ def test_moe_nvfp4_decode_combine_variant(T, relaid, kind, variant, tmp_path_fac
     print(f"moe_nvfp4_decode COMBINE {variant} T={T} relaid={relaid} {kind}: bitwise {line['bitwise']}, graph "
           f"{line['graph_bitwise']}, rel err {line['rel_err']:.2e}, us default / {variant} {us[0]:.2f} / {us[1]:.2f}")
     assert line["bitwise"] and line["graph_bitwise"] and line["rel_err"] < 1e-2, line
+    if mods[1].PERSIST:  # the barrier's counters back at 0 after every launch (the next one starts from there)
+        assert int(mods[1].counters(x.device, 2)[:2].abs().sum()) == 0
 
 
 def test_moe_nvfp4_decode_cuda_graph(tmp_path_factory):

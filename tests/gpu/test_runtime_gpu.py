@@ -277,6 +277,30 @@ def test_tp2_rank_graphs_equal_eager_and_the_combine_render_its_two_launches(tin
     assert all(same["eager"]) and all(same["two_launches"]), summary["tp2_rank"]
 
 
+def test_tp2_rank_with_the_persistent_moe(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary, monkeypatch):
+    """`--set moe_nvfp4_decode.PERSIST=true`: one TP-2 rank's share (collectives skipped) whose decode steps of 1-8
+    tokens run the MoE decode kernel's COMBINE render as one cooperative launch with a grid barrier between its
+    stages (PDL on: the next kernel released only after the barrier). Through a ragged decode
+    (min(BEAMC_RUNTIME_STEPS, 300) steps, each layer's launch reusing the barrier's counters): graph replays equal
+    eager steps and the two-launch COMBINE render's package bit for bit (the same per-item code)."""
+    def check(name, pk):
+        persist = [ln.kernel.constants.get("PERSIST", False) for _, ln in pk.steps["decode"].launches
+                   if ln.kernel is not None and ln.kernel.constants.get("COMBINE")]
+        assert persist and all(persist) == (name == "persist"), (name, persist)
+
+    pin = {"moe_nvfp4_decode": {"PERSIST": True}}
+    runs, steps = _tp2_rank_runs(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, monkeypatch,
+                                 {"persist": dict(template_overrides=pin), "combine": {}}, check,
+                                 (("graphs", "persist", {}), ("eager", "persist", {"eager": True}),
+                                  ("combine", "combine", {})))
+    same = {k: [bool(torch.equal(x, y)) for x, y in zip(runs["graphs"], runs[k])] for k in ("eager", "combine")}
+    summary["tp2_persistent_moe"] = {"steps": steps, "outputs": len(runs["graphs"]),
+                                     **{f"bitwise_equal_{k}": sum(v) for k, v in same.items()}}
+    assert all(len(r) == len(runs["graphs"]) for r in runs.values())
+    assert all(torch.isfinite(x).all() for x in runs["graphs"])
+    assert all(same["eager"]) and all(same["combine"]), summary["tp2_persistent_moe"]
+
+
 def test_tp2_rank_with_moe_frag(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary, monkeypatch):
     """`--moe-frag-max-tokens 2`: one TP-2 rank's share (collectives skipped) whose decode steps of 1-2 tokens run the
     MoE experts as moe_nvfp4_frag (Gluon), 3-8 tokens the COMBINE render. Through a ragged decode
