@@ -374,6 +374,8 @@ MOE_COMBINE_CASES = {
                                          "bad", 2.5),
     "tp1-T1-relaid-x2.5-persist": (1, dict(PERSIST=True), 1, True, "distinct", 2.5),
     "tp2-T1-raw-persist-noscan": (2, dict(PERSIST=True, SCAN_T1=False, PERSIST_PROGRAMS=5), 1, False, "distinct", 2.5),
+    "E7-T2-k2-relaid-one-expert-persist-early1": (1, dict(_odd(7, 128, 64, 2), PERSIST=True, EARLY1=True,
+                                                          PERSIST_PROGRAMS=4), 2, True, "one", None),
 }
 
 
@@ -582,7 +584,9 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
             ("full-tp8,late-trigger-both", dict(moe_constants(full, 8), LATE_TRIGGER1=True), (1, True)),
             ("full-tp8,ksplit8", dict(moe_constants(full, 8), KSPLIT=8), (1, True)),
             ("full-tp8,combine-persist", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5, PERSIST=True),
-             (1, True))]
+             (1, True)),
+            ("full-tp8,combine-persist-early1,T8", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5,
+                                                       PERSIST=True, EARLY1=True), (8, True))]
 
 
 def _local_bytes(cubin: bytes) -> int | None:
@@ -656,8 +660,8 @@ def test_aot_compile_every_variant(tmp_path):
             want = {(True, False): (2, True), (True, True): (2, False), (False, False): (1, True)}[r["late_pair"]]
             if r["stage0_only"]:  # (KSPLIT 8: stage 0's binary alone: its one trigger, after the wait and K loop)
                 want = (1, not r["late_pair"][0])
-            if r["persist"]:  # (PERSIST: one binary, its one trigger after the grid barrier)
-                want = (1, False)
+            if r["persist"]:  # (PERSIST: one binary, its trigger in the grid barrier, which a program reaches in its
+                want = (2, False)  # first stage-1 item or, with none, alone: two inlined copies)
             assert (r["launch_dependents"], r["launch_dependents_first"]) == want, r
         # 4 bf16x2 multiplies per decoded word; the re-laid-out words' rotates (shf.l.wrap) only there
         assert r["mma"] >= 2 and r["bf16x2"] >= 8 and r["bf16x2"] % 4 == 0, r
@@ -670,8 +674,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["coop"] == r["persist"], r
         if r["persist"]:
             assert min(r["barrier"]) > 0 and r["barrier"] == sorted(r["barrier"]), r
-    assert len(results) == 2 * len(_variants()) == 28
-    assert sum(r["pdl"] for r in results) == 26 and sum(r["persist"] for r in results) == 2
+    assert len(results) == 2 * len(_variants()) == 30
+    assert sum(r["pdl"] for r in results) == 28 and sum(r["persist"] for r in results) == 4
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

@@ -229,10 +229,12 @@ def test_graph_decode_equals_eager_decode_bitwise(tiny_ckpt_nvfp4, pkg_bf16, sum
     assert len(a) == len(b) and all(same)
 
 
-def _tp2_rank_runs(spec, ckpt, tmp_path_factory, monkeypatch, options: dict, check, runs: tuple):
+def _tp2_rank_runs(spec, ckpt, tmp_path_factory, monkeypatch, options: dict, check, runs: tuple,
+                   models: dict | None = None):
     """One TP-2 rank's share on one GPU (collectives skipped, the all-gather then a copy): a package for each
     {name: compile_package options} (`check(name, package)` asserts what it launches), then for each (label, package
-    name, load options) a ragged decode of min(BEAMC_RUNTIME_STEPS, 300) steps; ({label: outputs}, steps)."""
+    name, load options) a ragged decode of min(BEAMC_RUNTIME_STEPS, 300) steps; ({label: outputs}, steps). `models`:
+    a dict that receives each label's loaded model."""
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import select_passes
     from beamc.runtime import graphs as rt_graphs
@@ -247,7 +249,13 @@ def _tp2_rank_runs(spec, ckpt, tmp_path_factory, monkeypatch, options: dict, che
         pkgs[name] = pk.write(tmp_path_factory.mktemp(f"pkg_tp2_{name}"))
     kw = dict(tp=2, rank=0, max_context=128, max_prefill_tokens=64)
     steps = min(STEPS, 300)
-    return {label: _ragged_run(_load(pkgs[name], ckpt, **kw, **extra), steps) for label, name, extra in runs}, steps
+    out = {}
+    for label, name, extra in runs:
+        m = _load(pkgs[name], ckpt, **kw, **extra)
+        out[label] = _ragged_run(m, steps)
+        if models is not None:
+            models[label] = m
+    return out, steps
 
 
 def test_tp2_rank_graphs_equal_eager_and_the_combine_render_its_two_launches(tiny_spec, tiny_ckpt_nvfp4,
@@ -289,13 +297,18 @@ def test_tp2_rank_with_the_persistent_moe(tiny_spec, tiny_ckpt_nvfp4, tmp_path_f
         assert persist and all(persist) == (name == "persist"), (name, persist)
 
     pin = {"moe_nvfp4_decode": {"PERSIST": True}}
+    models: dict = {}
     runs, steps = _tp2_rank_runs(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, monkeypatch,
                                  {"persist": dict(template_overrides=pin), "combine": {}}, check,
                                  (("graphs", "persist", {}), ("eager", "persist", {"eager": True}),
-                                  ("combine", "combine", {})))
+                                  ("combine", "combine", {})), models)
     same = {k: [bool(torch.equal(x, y)) for x, y in zip(runs["graphs"], runs[k])] for k in ("eager", "combine")}
     summary["tp2_persistent_moe"] = {"steps": steps, "outputs": len(runs["graphs"]),
-                                     **{f"bitwise_equal_{k}": sum(v) for k, v in same.items()}}
+                                     **{f"bitwise_equal_{k}": sum(v) for k, v in same.items()},
+                                     "capture": models["graphs"].graphs.summary()}
+    # (a capture the driver refuses turns the phase eager: the comparison above would then hold trivially)
+    assert not models["graphs"].graphs.failed and any(k[0] == "decode" for k in models["graphs"].graphs.graphs), (
+        summary["tp2_persistent_moe"])
     assert all(len(r) == len(runs["graphs"]) for r in runs.values())
     assert all(torch.isfinite(x).all() for x in runs["graphs"])
     assert all(same["eager"]) and all(same["combine"]), summary["tp2_persistent_moe"]
