@@ -14,7 +14,12 @@ writes it + 1: a real dependency, checked after the replays), replayed; us per l
 - PDL, trigger last: the trigger after the store (LATE_TRIGGER's place);
 - grids of 1, 132, 264 and 528 programs of 4 warps, and 1 program of 16 warps (the boundary's shape at one token);
 - "chain of loads": the same with each program also reading BYTES of a buffer no kernel writes before its wait
-  (weights prefetched into registers, as the GEMVs do), to see what a real body's pre-wait loads cost.
+  (weights prefetched into registers, as the GEMVs do), to see what a real body's pre-wait loads cost;
+- "grid barrier": cooperative PDL launches of 132 and 320 programs (the MoE decode kernel's PERSIST grid at one
+  token) with 0 or NBAR grid barriers inside each (the PERSIST render's own `_grid_barrier`, each barrier followed by
+  a read of another program's value); (us with NBAR - us with 0) / NBAR is what a barrier costs, against the PDL
+  handoff between two launches above (what PERSIST replaces with one). Not in --dry (the interpreter runs one
+  program at a time: a barrier would wait forever).
 The copy bandwidth of the same run is recorded beside it (the GPU is shared: ratios hold, absolute times drift).
 """
 from __future__ import annotations
@@ -55,6 +60,76 @@ def _tick(src_ptr, dst_ptr, w_ptr, W_ELEMS: tl.constexpr, PDL: tl.constexpr, LAT
     tl.store(dst_ptr + pid, v + 1 + keep)
     if PDL and LATE and not INTERPRET:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+_grid_barrier = None  # the PERSIST render's barrier (set by barrier_rows before the first compile)
+
+
+@triton.jit
+def _bar_tick(src_ptr, dst_ptr, tmp_ptr, sync_ptr, NBAR: tl.constexpr):
+    """dst[pid] = src[(pid + NBAR) % programs] + 1, through NBAR grid barriers: before barrier i each program stores
+    its value in row i of tmp, after it reads its neighbour's (a dependency across programs through the barrier).
+    Barrier i uses counters 2 i, 2 i + 1 (a barrier's counters are reset by its last program out, which may come
+    after another program's arrival at the next barrier)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tl.extra.cuda.gdc_wait()
+    v = tl.load(src_ptr + pid)
+    for i in tl.static_range(NBAR):
+        tl.store(tmp_ptr + i * nprog + pid, v)
+        _grid_barrier(sync_ptr + 2 * i, nprog)  # (its PDL trigger: the next launch may be scheduled)
+        v = tl.load(tmp_ptr + i * nprog + (pid + 1) % nprog)
+    tl.store(dst_ptr + pid, v + 1)
+    if NBAR == 0:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def barrier_rows(device: str) -> list[dict]:
+    """The grid-barrier rows (see the docstring): us per launch of a LAUNCHES-long chain, with 0 and NBAR barriers."""
+    global _grid_barrier
+    import tempfile
+
+    from beamc.codegen.kernel import KernelSpec, load_kernel
+    from beamc.spec import load_spec
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kernels import graph_time
+    from test_kernels_moe import TEMPLATE, moe_constants
+
+    c = dict(moe_constants(load_spec(ROOT / "models/beam-tiny.yaml"), 1, "bf16"), COMBINE=True, PERSIST=True)
+    _grid_barrier = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c),
+                                Path(tempfile.mkdtemp(prefix="barrier-")))._grid_barrier
+    rows = []
+    for programs in (132, 320):
+        per = {}
+        for nbar in (0, NBAR):
+            a = torch.randint(0, 1000, (programs,), dtype=torch.int32, device=device)
+            b = torch.full_like(a, -7)
+            tmp = torch.zeros(max(1, nbar) * programs, dtype=torch.int32, device=device)
+            sync = torch.zeros(2 * max(1, nbar), dtype=torch.int32, device=device)
+            start = a.clone()
+
+            def chain(n=LAUNCHES):
+                for i in range(n):
+                    src, dst = (a, b) if i % 2 == 0 else (b, a)
+                    _bar_tick[(programs,)](src, dst, tmp, sync, NBAR=nbar, num_warps=4, launch_pdl=True,
+                                           launch_cooperative_grid=True)
+
+            chain(2)
+            torch.cuda.synchronize()
+            assert torch.equal(a, torch.roll(start, -2 * nbar) + 2), "the barrier's dependency did not hold"
+            per[nbar] = graph_time(chain, 1, iters=11) / LAUNCHES * 1e6
+            assert int(sync.abs().sum()) == 0, "a barrier's counters not left at 0"
+        label = f"{programs} x 4 warps, cooperative + PDL"
+        rows.append(dict(label=f"{label}, no barrier", programs=programs, warps=4, pdl=True, late_trigger=True,
+                         prewait_bytes=0, us_per_launch=per[0]))
+        rows.append(dict(label=f"{label}, {NBAR} grid barriers", programs=programs, warps=4, pdl=True,
+                         late_trigger=False, prewait_bytes=0, us_per_launch=per[NBAR],
+                         us_per_barrier=(per[NBAR] - per[0]) / NBAR))
+    return rows
+
+
+NBAR = 4  # grid barriers per launch in the barrier rows
 
 
 ROWS = [  # (label, programs, warps, pdl, late trigger, fp32 elements read before the wait per program)
@@ -121,6 +196,12 @@ def main() -> int:
         us = run_row(programs, warps, pdl, late, w_elems, device, a.dry)
         rows.append(dict(label=label, programs=programs, warps=warps, pdl=pdl, late_trigger=late,
                          prewait_bytes=4 * w_elems, us_per_launch=us))
+    if not a.dry:
+        try:
+            rows += barrier_rows(device)
+        except Exception as e:  # noqa: BLE001 - e.g. a cooperative launch refused under capture: recorded, not fatal
+            rows.append(dict(label=f"grid barrier rows failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                             us_per_launch=float("nan")))
     date = datetime.date.today().isoformat()
     doc = dict(date=date, device=torch.cuda.get_device_name() if device == "cuda" else "cpu (dry)",
                command="python bench/launch_floor.py " + " ".join(sys.argv[1:]), launches_per_graph=LAUNCHES,
@@ -132,7 +213,8 @@ def main() -> int:
     print(f"launch floor: {LAUNCHES} launches per CUDA graph, copy {bw:.2f} TB/s")
     print("| launch | us per launch |\n|---|---:|")
     for r in rows:
-        print(f"| {r['label']} | {r['us_per_launch']:.2f} |")
+        per_barrier = f" ({r['us_per_barrier']:.2f} a barrier)" if "us_per_barrier" in r else ""
+        print(f"| {r['label']} | {r['us_per_launch']:.2f}{per_barrier} |")
     return 0
 
 
