@@ -630,8 +630,9 @@ def _compile(args) -> dict:
                 stage0_only=mod.KSPLIT != 4, regs=getattr(ck, "n_regs", None),
                 persist=bool(getattr(mod, "PERSIST", False)), coop=bool(ck.metadata.launch_cooperative_grid),
                 barrier=[m.start() if m else -1 for m in (re.search(x, ptx) for x in (
-                    r"griddepcontrol\.wait", r"(red|atom)\.global\.gpu\.release\.add", r"ld\.acquire\.gpu",
-                    r"atom\.global\.gpu\.relaxed\.add", r"griddepcontrol\.launch_dependents"))],
+                    r"griddepcontrol\.wait", r"(red|atom)\.global\.gpu\.release\.add", r"ld\.relaxed\.gpu",
+                    r"fence\.acq_rel\.gpu", r"atom\.global\.gpu\.relaxed\.add",
+                    r"griddepcontrol\.launch_dependents"))],
                 **pdl_facts(ptx))
 
 
@@ -669,8 +670,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["local"] in (0, None) and all(x in (0, None) for x in r["others"]), r
         if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
             assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
-        # PERSIST: a cooperative launch; the wait, then the arrival (a release), the poll (acquire), the departure,
-        # and the trigger only after the barrier, in this order in the PTX
+        # PERSIST: a cooperative launch; the wait, then the arrival (a release), the poll (relaxed loads, then an
+        # acquire fence), the departure, and the trigger only after the barrier, in this order in the PTX
         assert r["coop"] == r["persist"], r
         if r["persist"]:
             assert min(r["barrier"]) > 0 and r["barrier"] == sorted(r["barrier"]), r
