@@ -4,7 +4,8 @@
 #   MoE experts at one token (re-laid out): stage 0 + stage 1; moe-frag / moe-frag-cp: moe_nvfp4_frag's, default and
 #   the cp.async render
 #   the router's prefill GEMM at 16,384 tokens: both launches
-#   moe-wgmma: moe_nvfp4_prefill's WGMMA render at 16,384 tokens, its two Gluon launches (`wg_kernel`: stages 3, 4)
+#   moe-wgmma: moe_nvfp4_prefill's WGMMA render at 16,384 tokens in the emitter's form there (emitters.MOE_WGMMA_FORMS
+#   bm256), its two Gluon launches (`wg_kernel`: stages 3, 4)
 #   attn-wgmma / attn-mirror: the full layer's mirrored prefill attention (8 x 2,048 over 100K, fp8 cache), the
 #   WGMMA render's Gluon pass / the Triton pass (stage 2)
 # Each: ncu with WarpStateStats + SourceCounters (+ SpeedOfLight, Occupancy, LaunchStats) into $OUT/NAME.ncu-rep, then
@@ -36,7 +37,8 @@ for what in "${@:-qkn moe router}"; do
       moe-frag-cp) prof moe-frag-cp-t1 2 python3 bench/moe_frag_bench.py --ncu --tokens 1 --variants "cp.async g5 r96" ;;
       router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
       moe-wgmma) kre='^wg_kernel$' prof moe-wgmma-16k 2 \
-                   python3 bench/moe_prefill.py --tokens 16384 --ncu '{"WGMMA": true}' ;;
+                   python3 bench/moe_prefill.py --tokens 16384 \
+                   --ncu '{"WGMMA": true, "BLOCK_M": 256, "WG_STAGES": 3, "WG_WDEPTH": 2, "WG_WSTEPS": 2}' ;;
       attn-wgmma) kre='^wg_attention$' prof attn-wgmma-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
                     --tiles '[{"MIRROR": true, "WGMMA": true}]' ;;
       attn-mirror) prof attn-mirror-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The next device calls, by name: each one `run` call (carry [".wheels"]), at most ~9 of its 10 minutes, everything
+# under $OUT, a short summary last. The plan and its reasons: docs/perf-log.md, "Next (for the thirtieth session)".
+#   bash bench/device_plan.sh attn           # WGMMA prefill attention: GPU tests, then the tile sweep
+#   bash bench/device_plan.sh moe-prefill    # WG_V16 and the 128-row default form: GPU tests, then 8,192 / 2,048 tokens
+#   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
+#   bash bench/device_plan.sh persist        # the one-launch decode MoE: barrier cost, GPU tests, runtime
+#   bash bench/device_plan.sh persist-step   # ... and its forms in the decode step, paired (bench/variants.py)
+#   bash bench/device_plan.sh runtime        # the prefill step with / without the WGMMA MoE and attention
+# Each step has its own time limit (a kernel never run before that hangs costs its limit, not the call).
+set -uo pipefail
+: "${OUT:?set OUT (the device tool sets it)}"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .wheels/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+summary=()
+
+step() {  # LABEL SECONDS CMD...: run with a time limit, log to $OUT/LABEL.log, remember its last lines
+  local label=$1 secs=$2
+  shift 2
+  echo "== $label ($secs s): $*"
+  local t0=$SECONDS
+  timeout -s KILL "$secs" "$@" > "$OUT/$label.log" 2>&1
+  local rc=$?
+  summary+=("$label: rc $rc, $((SECONDS - t0)) s")
+  tail -25 "$OUT/$label.log"
+}
+
+tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest itself killed 15 s before the step)
+  local label=$1 secs=$2
+  shift 2
+  step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
+}
+
+case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runtime}" in
+  attn)
+    tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
+    step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
+    ;;
+  moe-prefill)
+    tests t-wg 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "v16 or acopy-hres-wsteps2"
+    step moe-prefill 190 python3 bench/moe_prefill.py --tokens 8192,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2,WG_WSTEPS=2 WG_ACOPY WG_HRES,moe_nvfp4_prefill dequant relaid$,moe_nvfp4_prefill dequant_down relaid$'
+    ;;
+  moe-ncu)  # where stage 4 of the WGMMA MoE spends its time now (1.4 of 3.76 ms at 16,384 tokens: 25% slower per FLOP)
+    step ncu-moe-wgmma 400 env OUT="$OUT" bash bench/ncu_source.sh moe-wgmma
+    ;;
+  persist)
+    step launch-floor 150 python3 bench/launch_floor.py --out "$OUT" --tag=-s30
+    tests t-persist 240 tests/gpu/test_kernels_moe_gpu.py -k "combine_variant and persist"
+    export BEAMC_RUNTIME_STEPS=300
+    tests t-rt-persist 150 tests/gpu/test_runtime_gpu.py -k persistent
+    ;;
+  persist-step)
+    step variants-persist 540 python3 bench/variants.py --out "$OUT/r" --tag=-s30 --rounds 4 --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
+    ;;
+  runtime)
+    export BEAMC_RUNTIME_STEPS=300
+    tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
+    step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant wga=attention_prefill.WGMMA=true
+    ;;
+  *)
+    echo "unknown call $1: attn, moe-prefill, moe-ncu, persist, persist-step, runtime" >&2
+    exit 2
+    ;;
+esac
+echo "== summary"
+printf '%s\n' "${summary[@]}"
