@@ -7,6 +7,7 @@
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: barrier cost, GPU tests, runtime
 #   bash bench/device_plan.sh persist-step   # ... and its forms in the decode step, paired (bench/variants.py)
 #   bash bench/device_plan.sh runtime        # the prefill step with / without the WGMMA MoE and attention
+#   bash bench/device_plan.sh decode-knobs   # --set options never measured in the decode step (boundary warps, ...)
 # Each step has its own time limit (a kernel never run before that hangs costs its limit, not the call).
 set -uo pipefail
 : "${OUT:?set OUT (the device tool sets it)}"
@@ -31,7 +32,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runtime}" in
+case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -52,13 +53,16 @@ case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runti
   persist-step)
     step variants-persist 540 python3 bench/variants.py --out "$OUT/r" --tag=-s30 --rounds 4 --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
     ;;
+  decode-knobs)  # render options pinnable with --set that were never measured in the decode step
+    step variants-knobs 540 python3 bench/variants.py --out "$OUT/r" --tag=-s30-knobs --rounds 4 --variant bw8=rmsnorm_boundary.NUM_WARPS=8 --variant bw4=rmsnorm_boundary.NUM_WARPS=4 --variant wbn16=attention_decode.WINDOW_BLOCK_N=16
+    ;;
   runtime)
     export BEAMC_RUNTIME_STEPS=300
     tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant wga=attention_prefill.WGMMA=true
     ;;
   *)
-    echo "unknown call $1: attn, moe-prefill, moe-ncu, persist, persist-step, runtime" >&2
+    echo "unknown call $1: attn, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac
