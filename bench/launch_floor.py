@@ -16,7 +16,8 @@ writes it + 1: a real dependency, checked after the replays), replayed; us per l
 - "chain of loads": the same with each program also reading BYTES of a buffer no kernel writes before its wait
   (weights prefetched into registers, as the GEMVs do), to see what a real body's pre-wait loads cost;
 - "grid barrier": cooperative PDL launches of 132 and 320 programs (the MoE decode kernel's PERSIST grid at one
-  token) with 0 or NBAR grid barriers inside each (the PERSIST render's own `_grid_barrier`, each barrier followed by
+  token), and plain PDL launches of 320 (PERSIST_COOP off: what the cooperative attribute itself costs), with 0 or
+  NBAR grid barriers inside each (the PERSIST render's own `_grid_barrier`, each barrier followed by
   a read of another program's value); (us with NBAR - us with 0) / NBAR is what a barrier costs, against the PDL
   handoff between two launches above (what PERSIST replaces with one). Not in --dry (the interpreter runs one
   program at a time: a barrier would wait forever).
@@ -84,6 +85,28 @@ def _bar_tick(src_ptr, dst_ptr, tmp_ptr, sync_ptr, NBAR: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+def _barrier_chain_us(programs: int, coop: bool, nbar: int, device: str, graph_time) -> float:
+    """us per launch of a LAUNCHES-long chain of `_bar_tick` launches with nbar barriers each (checked first)."""
+    a = torch.randint(0, 1000, (programs,), dtype=torch.int32, device=device)
+    b = torch.full_like(a, -7)
+    tmp = torch.zeros(max(1, nbar) * programs, dtype=torch.int32, device=device)
+    sync = torch.zeros(2 * max(1, nbar), dtype=torch.int32, device=device)
+    start = a.clone()
+
+    def chain(n=LAUNCHES):
+        for i in range(n):
+            src, dst = (a, b) if i % 2 == 0 else (b, a)
+            _bar_tick[(programs,)](src, dst, tmp, sync, NBAR=nbar, num_warps=4, launch_pdl=True,
+                                   launch_cooperative_grid=coop)
+
+    chain(2)
+    torch.cuda.synchronize()
+    assert torch.equal(a, torch.roll(start, -2 * nbar) + 2), "the barrier's dependency did not hold"
+    us = graph_time(chain, 1, iters=11) / LAUNCHES * 1e6
+    assert int(sync.abs().sum()) == 0, "a barrier's counters not left at 0"
+    return us
+
+
 def barrier_rows(device: str) -> list[dict]:
     """The grid-barrier rows (see the docstring): us per launch of a LAUNCHES-long chain, with 0 and NBAR barriers."""
     global _grid_barrier
@@ -100,31 +123,18 @@ def barrier_rows(device: str) -> list[dict]:
     _grid_barrier = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c),
                                 Path(tempfile.mkdtemp(prefix="barrier-")))._grid_barrier
     rows = []
-    for programs in (132, 320):
-        per = {}
-        for nbar in (0, NBAR):
-            a = torch.randint(0, 1000, (programs,), dtype=torch.int32, device=device)
-            b = torch.full_like(a, -7)
-            tmp = torch.zeros(max(1, nbar) * programs, dtype=torch.int32, device=device)
-            sync = torch.zeros(2 * max(1, nbar), dtype=torch.int32, device=device)
-            start = a.clone()
-
-            def chain(n=LAUNCHES):
-                for i in range(n):
-                    src, dst = (a, b) if i % 2 == 0 else (b, a)
-                    _bar_tick[(programs,)](src, dst, tmp, sync, NBAR=nbar, num_warps=4, launch_pdl=True,
-                                           launch_cooperative_grid=True)
-
-            chain(2)
-            torch.cuda.synchronize()
-            assert torch.equal(a, torch.roll(start, -2 * nbar) + 2), "the barrier's dependency did not hold"
-            per[nbar] = graph_time(chain, 1, iters=11) / LAUNCHES * 1e6
-            assert int(sync.abs().sum()) == 0, "a barrier's counters not left at 0"
-        label = f"{programs} x 4 warps, cooperative + PDL"
+    for programs, coop in ((132, True), (320, True), (320, False)):  # (a plain launch: 320 tiny programs fit at once)
+        label = f"{programs} x 4 warps, {'cooperative + ' if coop else ''}PDL"
+        try:  # (one form refused, e.g. a cooperative launch under capture: recorded, the others still run)
+            per = {nbar: _barrier_chain_us(programs, coop, nbar, device, graph_time) for nbar in (0, NBAR)}
+        except Exception as e:  # noqa: BLE001
+            rows.append(dict(label=f"{label}: failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                             programs=programs, cooperative=coop, us_per_launch=float("nan")))
+            continue
         rows.append(dict(label=f"{label}, no barrier", programs=programs, warps=4, pdl=True, late_trigger=True,
-                         prewait_bytes=0, us_per_launch=per[0]))
+                         prewait_bytes=0, cooperative=coop, us_per_launch=per[0]))
         rows.append(dict(label=f"{label}, {NBAR} grid barriers", programs=programs, warps=4, pdl=True,
-                         late_trigger=False, prewait_bytes=0, us_per_launch=per[NBAR],
+                         late_trigger=False, prewait_bytes=0, cooperative=coop, us_per_launch=per[NBAR],
                          us_per_barrier=(per[NBAR] - per[0]) / NBAR))
     return rows
 
