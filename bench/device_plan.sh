@@ -4,9 +4,9 @@
 #   bash bench/device_plan.sh attn           # WGMMA prefill attention: GPU tests, then the tile sweep
 #   bash bench/device_plan.sh moe-prefill    # WG_V16 and the 128-row default form: GPU tests, then 8,192 / 2,048 tokens
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
-#   bash bench/device_plan.sh persist        # the one-launch decode MoE: the barrier's cost, its GPU kernel tests
-#   bash bench/device_plan.sh persist-step   # ... its runtime test, and its forms in the decode step, paired
-#   bash bench/device_plan.sh runtime        # the prefill step with / without the WGMMA MoE and attention
+#   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
+#   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
+#   bash bench/device_plan.sh runtime        # the prefill step with / without the WGMMA MoE and attention (both default)
 #   bash bench/device_plan.sh decode-knobs   # --set options never measured in the decode step (boundary warps, ...)
 # Each step has its own time limit (a kernel never run before that hangs costs its limit, not the call).
 set -uo pipefail
@@ -45,13 +45,11 @@ case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runti
     step ncu-moe-wgmma 400 env OUT="$OUT" bash bench/ncu_source.sh moe-wgmma
     ;;
   persist)  # (36 kernel cases: six PERSIST forms, each compiled for four pair counts)
-    step launch-floor 120 python3 bench/launch_floor.py --out "$OUT" --tag=-s30
     tests t-persist 360 tests/gpu/test_kernels_moe_gpu.py -k "combine_variant and persist"
+    BEAMC_RUNTIME_STEPS=300 tests t-rt-persist 150 tests/gpu/test_runtime_gpu.py -k persistent
     ;;
   persist-step)
-    export BEAMC_RUNTIME_STEPS=300
-    tests t-rt-persist 150 tests/gpu/test_runtime_gpu.py -k persistent
-    step variants-persist 400 python3 bench/variants.py --out "$OUT/r" --tag=-s30 --rounds 4 --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
+    step variants-persist 540 python3 bench/variants.py --out "$OUT/r" --tag=-s30 --rounds 4 --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
     ;;
   decode-knobs)  # render options pinnable with --set that were never measured in the decode step
     step variants-knobs 540 python3 bench/variants.py --out "$OUT/r" --tag=-s30-knobs --rounds 4 --variant bw8=rmsnorm_boundary.NUM_WARPS=8 --variant bw4=rmsnorm_boundary.NUM_WARPS=4 --variant wbn16=attention_decode.WINDOW_BLOCK_N=16
@@ -59,7 +57,7 @@ case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runti
   runtime)
     export BEAMC_RUNTIME_STEPS=300
     tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
-    step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant wga=attention_prefill.WGMMA=true
+    step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false --variant wga1=attention_prefill.WG_SPLIT=false
     ;;
   *)
     echo "unknown call $1: attn, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2

@@ -55,10 +55,10 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
                   bool(v["constants"].get("WGMMA")), v["constants"].get("BLOCK_M"))
                  for v in man["kernels"].values() if v["op"] == "moe_experts")
     assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False, False, None),  # (long prefills: the WGMMA renders)
-                   ("moe_nvfp4_prefill.py.j2", "T >= 4096 and T <= 8191", False, True, 128),
-                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 4095", False, False, None),
+                   ("moe_nvfp4_prefill.py.j2", "T >= 2048 and T <= 8191", False, True, 128),
+                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 2047", False, False, None),
                    ("moe_nvfp4_prefill.py.j2", "T >= 8192", False, True, 256)]
-    assert man["moe_wgmma"] is True and all(v["choice"]["wgmma_from_tokens"] == 4096 for v in man["kernels"].values()
+    assert man["moe_wgmma"] is True and all(v["choice"]["wgmma_from_tokens"] == 2048 for v in man["kernels"].values()
                                             if v["template"].startswith("moe_nvfp4_prefill"))
     # the gemv / cuBLAS choice: each gemv kernel runs for T <= its bound, the library call above it, and says why
     gemv = [v for name, v in man["kernels"].items() if name.startswith("gemv")]
@@ -278,6 +278,42 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
     assert 0 < long.attention_mirror_pages * per_page <= MIRROR_AUTO_BYTES < (long.attention_mirror_pages + 1) * per_page
     data["dtypes"]["kv_cache"] = "bfloat16"
     assert compile_package(parse_spec(data), passes=ALL, phases=("prefill",)).attention_mirror_pages == 0
+
+
+def test_mirrored_full_layers_prefill_on_wgmma_on_sm90_bf16():
+    """The mirrored full layers' prefill pass is attention_prefill's WGMMA render with WG_SPLIT
+    (emitters.ATTENTION_WGMMA_TILES) on sm90 with a bf16 model and head dims of 64 or 128 (the full spec's 128); not
+    on sm100 (no wgmma), not at the tiny spec's head dim 32, not in the fp32 instances; `--set
+    attention_prefill.WGMMA=false` keeps the Triton pass, a pinned WG_SPLIT=false the one-partition form, a pinned
+    BLOCK_N=32 (a Triton tile the render cannot take) the Triton pass; the sliding and decode kernels never take it."""
+    from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
+
+    def prefill(spec, **kw):
+        pkg = compile_package(spec, passes=ALL, phases=("prefill",), **kw)
+        return [k.constants for k in pkg.kernels.values() if k.template == "attention_prefill"]
+
+    from beamc.spec import parse_spec
+
+    data = load_spec(ROOT / "models/beam.yaml").model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"  # (the mirror is fp8's; head dim 128)
+    full = parse_spec(data)
+    ks = prefill(full, tp=8)
+    mirrored = [c for c in ks if c.get("MIRROR")]
+    assert mirrored and len(mirrored) < len(ks)
+    assert all(all(c.get(k) == v for k, v in ATTENTION_WGMMA_TILES.items()) for c in mirrored)
+    assert not any(c.get("WGMMA") for c in ks if not c.get("MIRROR"))
+    assert not any(c.get("WGMMA") for c in prefill(full, tp=8, target="sm100"))
+    assert not any(c.get("WGMMA") for c in prefill(full, tp=8, dtype="f32"))
+    off = prefill(full, tp=8, template_overrides={"attention_prefill": {"WGMMA": False}})
+    assert all(c.get("WGMMA") is not True for c in off) and any(c.get("MIRROR") for c in off)
+    one = [c for c in prefill(full, tp=8, template_overrides={"attention_prefill": {"WG_SPLIT": False}}) if c.get("MIRROR")]
+    assert one and all(c["WGMMA"] is True and c["WG_SPLIT"] is False for c in one)
+    tiles = prefill(full, tp=8, template_overrides={"attention_prefill": {"BLOCK_N": 32}})
+    assert not any(c.get("WGMMA") for c in tiles)
+    data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"
+    tiny = prefill(parse_spec(data))
+    assert any(c.get("MIRROR") for c in tiny) and not any(c.get("WGMMA") for c in tiny)  # (head dim 32)
 
 
 def test_fp8_cache_attention_kernels_multiply_in_fp16():

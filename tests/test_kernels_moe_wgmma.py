@@ -209,7 +209,7 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     with the reason when WGMMA is pinned (`--set`), before anything runs; WG_WSTEPS falls back to what the chunks
     take; the render keeps the template contract
     (its second kernel typed in SIGNATURES, its stage option sets naming it) and supersedes DEQUANT; the fp32
-    instances (the CPU runtime's) render without it; the emitter picks its two forms by default from 4,096 tokens
+    instances (the CPU runtime's) render without it; the emitter picks its two forms by default from 2,048 tokens
     (emitters.MOE_WGMMA_FORMS; none with moe_wgmma=False), and pinned it takes every prefill size (no DEQUANT
     renders beside it)."""
     with pytest.raises(Exception, match="WGMMA: K steps of 64"):

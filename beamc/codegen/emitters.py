@@ -275,32 +275,38 @@ MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS,
                                 "before the late PDL triggers)"}
 # sm90, bf16, the relayout on (`Context.moe_wgmma`): from MOE_WGMMA_MIN_TOKENS on, moe_nvfp4_prefill's WGMMA render
 # (its GEMMs warp-specialised on wgmma, the NVFP4 words copied by cp.async and decoded in the main loop by a load
-# partition; no dequantisation scratch) instead of the DEQUANT renders; from MOE_WGMMA_BM256_MIN_TOKENS on in its form
-# of 256-row blocks. H200 2026-12-05 (bench/results/moe-prefill-2026-12-05-s28run2.json, TP-8 shapes, re-laid-out
-# weights, us per MoE layer, both forms and the renders they replace in one run):
-#   4,096 tokens: in-loop 1,874, DEQUANT 1,836 (the render there before), WGMMA 128-row form 1,476, 256-row 1,616;
-#   16,384 tokens: DEQUANT 4,444, DEQUANT_DOWN 3,933 (the render there before), 128-row 4,256, 256-row 3,760.
-# Below 4,096 tokens not measured yet (the in-loop render stays); where the two forms cross between 4,096 and 16,384
-# not measured yet either (8,192: the geometric middle).
-MOE_WGMMA_MIN_TOKENS = 4096
+# partition; no dequantisation scratch) instead of the in-loop and DEQUANT renders; from MOE_WGMMA_BM256_MIN_TOKENS on
+# in its form of 256-row blocks. H200, TP-8 shapes, re-laid-out weights, us per MoE layer, each row one run:
+#   2,048 tokens (s29run3, WG_V16): in-loop 1,064 (the render there before), DEQUANT 1,433, 128-row form 973
+#     (994 without WG_V16), 256-row 1,547;
+#   4,096 tokens (s28run2): in-loop 1,874, DEQUANT 1,836, 128-row 1,476, 256-row 1,616;
+#   8,192 tokens (s29run3, WG_V16): DEQUANT_DOWN 2,566, 128-row 2,339 (2,351), 256-row 2,303 (2,336);
+#   16,384 tokens (s28run2): DEQUANT 4,444, DEQUANT_DOWN 3,933, 128-row 4,256, 256-row 3,760.
+# Below 2,048 tokens not measured (the in-loop render stays). WG_V16 (stage 4's words in 16-byte copies where the
+# relayout's chunks are one K step: Beam's I = 320 at TP 8; the render ignores it elsewhere) saves 3-6% of stage 4.
+MOE_WGMMA_MIN_TOKENS = 2048
 MOE_WGMMA_BM256_MIN_TOKENS = 8192
 MOE_WGMMA_FORMS = {
     # 128-row blocks, the words two K steps a ring slot, the A rows by their own partition, stage 4's h rows resident
-    "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True),
+    "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True),
     # 256-row blocks (half the K steps per FLOP), 3 stages and a ring 2 slots ahead (shared memory)
-    "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2)}
+    "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True)}
 # the 128-row form's WG_HRES keeps a row block's h (128 x I bf16) resident in stage 4's shared memory: beside its ring
 # that fits up to I / 64 = 6 K steps (the template's WG_SMEM4: 16 KB a step + 121 KB, within 227 KB); above (TP < 8
 # of the full spec: I 640 .. 2,560) the form runs without it
 MOE_WGMMA_HRES_MAX_STEPS = 6
 MOE_WGMMA_CHOICE = {"wgmma_from_tokens": MOE_WGMMA_MIN_TOKENS, "bm256_from_tokens": MOE_WGMMA_BM256_MIN_TOKENS,
-                    "basis": "measured at 4,096 and 16,384 tokens; the 256-row form's threshold interpolated",
+                    "basis": "measured at 2,048, 4,096, 8,192 and 16,384 tokens (the forms cross between 4,096 and "
+                             "8,192: at 8,192 within 2%)",
                     "forms": MOE_WGMMA_FORMS, "bm128_hres_up_to_k_steps": MOE_WGMMA_HRES_MAX_STEPS,
                     "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c, "bm128_us": d,
-                                 "bm256_us": e}
-                                for t, a, b, c, d, e in ((4096, 1874, 1836, 1959, 1476, 1616),
-                                                         (16384, 5931, 4444, 3933, 4256, 3760))],
-                    "source": "bench/results/moe-prefill-2026-12-05-s28run2.json (H200)"}
+                                 "bm256_us": e, "wg_v16": v}
+                                for t, a, b, c, d, e, v in ((2048, 1064, 1433, 1685, 973, 1547, True),
+                                                            (4096, 1874, 1836, 1959, 1476, 1616, False),
+                                                            (8192, 3134, 2634, 2566, 2339, 2303, True),
+                                                            (16384, 5931, 4444, 3933, 4256, 3760, False))],
+                    "source": "bench/results/moe-prefill-2026-12-05-s28run2.json, moe-prefill-2026-12-05-s29run3.json "
+                              "(H200)"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}
@@ -463,6 +469,27 @@ def attention_dot(cache_dtype: str, dtype: str) -> dict:
     return {"F16_DOT": True} if cache_dtype == "f8e4m3" and dtype == "bf16" else {}
 
 
+# sm90, bf16: the mirrored full layers' prefill pass (MIRROR's stage 2) as the WGMMA render with WG_SPLIT (a
+# warp-specialised Gluon kernel: K/V by TMA into a ring, the two MMA warpgroups as two partitions whose softmaxes
+# overlap each other's MMAs). H200 2026-12-05 (bench/results/attention-prefill-sweep-2026-12-05-s29run1.json; one full
+# layer, 8 sequences x 2,048 new tokens over 100K of fp8 context, ms): the Triton pass 14.72 (345 TFLOP/s), WGMMA
+# 11.01, WGMMA + WG_SPLIT 10.35 (491), + 6 ring slots 10.53, 3 slots 11.09; the outputs equal the Triton pass's within
+# 1e-2 (13 GPU tests). Pinning `--set attention_prefill.WGMMA=false` keeps the Triton pass.
+ATTENTION_WGMMA_TILES = dict(WGMMA=True, WG_SPLIT=True)
+ATTENTION_WGMMA_HEAD_DIMS = (64, 128)  # (the render's wgmma tiles: two warpgroups of 64 rows, K steps of 16)
+
+
+def attention_wgmma_tiles(ctx: Context, head_dim: int) -> dict:
+    """The mirrored prefill pass's WGMMA constants where it renders (ATTENTION_WGMMA_TILES: sm90, a bf16 model, head
+    dims of 64 or 128, neither WGMMA nor a tile it cannot take pinned), else none. sm100 has no wgmma: the Triton pass there."""
+    pinned = ctx.template_overrides.get("attention_prefill", {})
+    if ctx.target != "sm90" or ctx.dtype != "bf16" or head_dim not in ATTENTION_WGMMA_HEAD_DIMS or "WGMMA" in pinned:
+        return {}
+    if pinned.get("BLOCK_M", 128) != 128 or pinned.get("NUM_WARPS", 8) != 8 or pinned.get("BLOCK_N", 64) not in (64, 128):
+        return {}  # (tiles pinned for the Triton pass: the render's tiles are 128 rows on 8 warps, 64 or 128 keys)
+    return {k: v for k, v in ATTENTION_WGMMA_TILES.items() if k not in pinned}
+
+
 def attention_decode_tiles(window: int) -> dict:
     """The decode attention template's tile constants for a layer: over a window, blocks of 32 keys (16 splits of a
     512 window; the H200 sweeps of 2026-12-01, bench/results/attention-decode-sweep-2026-12-01-s5run{1,4}.json:
@@ -492,6 +519,7 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     tiles = attention_decode_tiles(a["window"] or 0) if template == "attention_decode" else {}
     if template == "attention_prefill" and paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0:
         tiles = dict(MIRROR=True, MIRROR_PAGES=ctx.attention_mirror_pages)  # (--attention-mirror PAGES)
+        tiles.update(attention_wgmma_tiles(ctx, q.shape[2]))
     else:
         tiles.update(attention_dot(kc.dtype, ctx.dtype))
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],

@@ -340,7 +340,7 @@ def test_tp2_rank_with_moe_frag(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, su
 
 @pytest.mark.parametrize("form", ["plain", "bm128", "bm256"])
 def test_prefill_with_the_wgmma_moe(form, tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, pkg_bf16, summary):
-    """`--set moe_nvfp4_prefill.WGMMA=true` (plain), or pinned to one of the forms the emitter takes from 4,096 tokens
+    """`--set moe_nvfp4_prefill.WGMMA=true` (plain), or pinned to one of the forms the emitter takes from 2,048 tokens
     on (emitters.MOE_WGMMA_FORMS): prefills of more than 64 tokens run the MoE GEMMs as the warp-specialised Gluon
     kernel (the weights decoded by its load partition; tests/gpu/test_kernels_moe_prefill_gpu.py checks the kernel). A
     ragged prefill of 4 sequences (250 tokens): graph replay equal to eager bit for bit; then teacher-forced on the
@@ -418,6 +418,36 @@ def test_fp8_kv_cache_attention_mirror(tiny_spec, tiny_ckpt_nvfp4, tmp_path_fact
         plain, _ref(fp8, tiny_ckpt_nvfp4, "bf16", max_len=512, max_chunk=512), seqs, 16))
     assert r["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB, summary["attention_mirror"]
     assert r["greedy_agree"] >= 0.75 * r["greedy_decisive"], summary["attention_mirror"]
+
+
+def test_fp8_mirror_prefill_on_wgmma(tiny_spec, tmp_path_factory, summary):
+    """The mirrored full layers' prefill pass as the WGMMA render (the sm90 bf16 default for head dims of 64 or 128,
+    emitters.ATTENTION_WGMMA_TILES; the tiny spec at head dim 64 here, its own checkpoint) inside the runtime's
+    prefill steps, graphs and all: tracks the interpreter as the mirrored package does (test_fp8_kv_cache's bounds);
+    the distance to the same package with `--set attention_prefill.WGMMA=false` (the Triton pass) is recorded."""
+    from beamc.checkpoint.init import init_weights
+    from beamc.spec import parse_spec
+
+    data = tiny_spec.model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"
+    data["attention"]["head_dim"] = 64
+    data["attention"]["sliding"]["rope"]["rotary_dim"] = 64
+    spec = parse_spec(data)
+    ckpt = tmp_path_factory.mktemp("tiny64_nvfp4")
+    init_weights(spec, ckpt, seed=98, experts="nvfp4")
+    seqs = [_ids(n, 700 + i) for i, n in enumerate((200, 37, 250, 5))]
+    runs = {}
+    for name, pins in (("wgmma", None), ("triton", {"attention_prefill": {"WGMMA": False}})):
+        d = _package(spec, tmp_path_factory, None, attention_mirror_pages=20, template_overrides=pins)
+        m = _load(d, ckpt, spec=spec, kv_dtype="fp8", max_context=512, max_prefill_tokens=512)
+        wg = [k for k in m.package.kernels.values() if k.constants.get("WGMMA")]
+        assert bool(wg) is (name == "wgmma") and all(k.constants.get("MIRROR") for k in wg), name
+        runs[name] = _track(m, _ref(spec, ckpt, "bf16", max_len=512, max_chunk=512), seqs, 16)
+        del m
+    r = runs["wgmma"]
+    summary["attention_mirror_wgmma"] = runs
+    assert r["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB, runs
+    assert r["greedy_agree"] >= 0.75 * r["greedy_decisive"], runs
 
 
 def test_l2_prefetch_changes_no_value(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, pkg_bf16, summary, monkeypatch):
