@@ -2,6 +2,7 @@
 # The next device calls, by name: each one `run` call (carry [".wheels"]), at most ~9 of its 10 minutes, everything
 # under $OUT, a short summary last. The plan and its reasons: docs/perf-log.md, "Next (for the thirtieth session)".
 #   bash bench/device_plan.sh attn           # WGMMA prefill attention: GPU tests, then the tile sweep
+#   bash bench/device_plan.sh sliding        # the sliding layers' ring MIRROR + WGMMA: GPU tests, then timings
 #   bash bench/device_plan.sh moe-prefill    # WG_V16 and the 128-row default form: GPU tests, then 8,192 / 2,048 tokens
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
@@ -32,10 +33,14 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
+    ;;
+  sliding)  # the sliding layers' ring MIRROR and its WGMMA pass (window mask): GPU tests (full ones too), then timings
+    tests t-slide 300 tests/gpu/test_kernels_attention_prefill_gpu.py -k "mirror or wgmma"
+    step slide-sweep 240 python3 bench/attention_prefill.py --out "$OUT" --cases sliding:f8e4m3:100000,sliding:f8e4m3:0,full:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "BLOCK_N": 128, "WG_STAGES": 2}]'
     ;;
   moe-prefill)
     tests t-wg 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "v16 or acopy-hres-wsteps2"
@@ -57,10 +62,10 @@ case "${1:?name a call: attn, moe-prefill, moe-ncu, persist, persist-step, runti
   runtime)
     export BEAMC_RUNTIME_STEPS=300
     tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
-    step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false --variant wga1=attention_prefill.WG_SPLIT=false
+    step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -280,36 +280,41 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
     assert compile_package(parse_spec(data), passes=ALL, phases=("prefill",)).attention_mirror_pages == 0
 
 
-def test_mirrored_full_layers_prefill_on_wgmma_on_sm90_bf16():
+def test_mirrored_prefill_attention_on_wgmma_on_sm90_bf16(monkeypatch):
     """The mirrored full layers' prefill pass is attention_prefill's WGMMA render with WG_SPLIT
-    (emitters.ATTENTION_WGMMA_TILES) on sm90 with a bf16 model and head dims of 64 or 128 (the full spec's 128); not
-    on sm100 (no wgmma), not at the tiny spec's head dim 32, not in the fp32 instances; `--set
-    attention_prefill.WGMMA=false` keeps the Triton pass, a pinned WG_SPLIT=false the one-partition form, a pinned
-    BLOCK_N=32 (a Triton tile the render cannot take) the Triton pass; the sliding and decode kernels never take it."""
-    from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
-
-    def prefill(spec, **kw):
-        pkg = compile_package(spec, passes=ALL, phases=("prefill",), **kw)
-        return [k.constants for k in pkg.kernels.values() if k.template == "attention_prefill"]
-
+    (emitters.ATTENTION_WGMMA_TILES) on sm90 with a bf16 model and head dims of 64 or 128 (the full spec's 128), and
+    so are the sliding layers', over the ring's mirror (emitters.ATTENTION_RING_MIRROR, pages for
+    RING_MIRROR_TOKENS tokens); not on sm100 (no wgmma: no mirror for rings either), not at the tiny spec's head dim
+    32, not in the fp32 instances; `--set attention_prefill.WGMMA=false` keeps the Triton pass (and the sliding
+    layers' in-loop conversion), a pinned WG_SPLIT=false the one-partition form, a pinned BLOCK_N=32 (a Triton tile
+    the render cannot take) the Triton pass; the decode kernels never take it."""
+    import beamc.codegen.emitters as em
     from beamc.spec import parse_spec
 
     data = load_spec(ROOT / "models/beam.yaml").model_dump()
     data["dtypes"]["kv_cache"] = "fp8"  # (the mirror is fp8's; head dim 128)
     full = parse_spec(data)
+
+    def prefill(spec, **kw):
+        pkg = compile_package(spec, passes=ALL, phases=("prefill",), **kw)
+        return [k.constants for k in pkg.kernels.values() if k.template == "attention_prefill"]
+
     ks = prefill(full, tp=8)
-    mirrored = [c for c in ks if c.get("MIRROR")]
-    assert mirrored and len(mirrored) < len(ks)
-    assert all(all(c.get(k) == v for k, v in ATTENTION_WGMMA_TILES.items()) for c in mirrored)
-    assert not any(c.get("WGMMA") for c in ks if not c.get("MIRROR"))
-    assert not any(c.get("WGMMA") for c in prefill(full, tp=8, target="sm100"))
-    assert not any(c.get("WGMMA") for c in prefill(full, tp=8, dtype="f32"))
-    off = prefill(full, tp=8, template_overrides={"attention_prefill": {"WGMMA": False}})
-    assert all(c.get("WGMMA") is not True for c in off) and any(c.get("MIRROR") for c in off)
-    one = [c for c in prefill(full, tp=8, template_overrides={"attention_prefill": {"WG_SPLIT": False}}) if c.get("MIRROR")]
-    assert one and all(c["WGMMA"] is True and c["WG_SPLIT"] is False for c in one)
-    tiles = prefill(full, tp=8, template_overrides={"attention_prefill": {"BLOCK_N": 32}})
-    assert not any(c.get("WGMMA") for c in tiles)
+    assert len(ks) == 2 and all(c.get("MIRROR") for c in ks)
+    assert all(all(c.get(k) == v for k, v in em.ATTENTION_WGMMA_TILES.items()) for c in ks)
+    sliding = [c for c in ks if c["WINDOW"]]
+    assert len(sliding) == 1 and sliding[0]["MIRROR_PAGES"] == em.ring_mirror_pages(512) == 416
+    for kw in (dict(target="sm100"), dict(dtype="f32"), dict(template_overrides={"attention_prefill": {"WGMMA": False}}),
+               dict(template_overrides={"attention_prefill": {"BLOCK_N": 32}})):
+        ks = prefill(full, tp=8, **kw)
+        assert not any(c.get("WGMMA") for c in ks), kw
+        assert [c["WINDOW"] for c in ks if c.get("MIRROR")] == ([] if kw.get("dtype") else [0]), kw
+    one = prefill(full, tp=8, template_overrides={"attention_prefill": {"WG_SPLIT": False}})
+    assert len(one) == 2 and all(c["WGMMA"] is True and c["WG_SPLIT"] is False for c in one)
+    monkeypatch.setattr(em, "ATTENTION_RING_MIRROR", False)
+    ks = prefill(full, tp=8)
+    assert [(c["WINDOW"], bool(c.get("MIRROR")), bool(c.get("WGMMA"))) for c in ks] == [(512, False, False),
+                                                                                       (0, True, True)]
     data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
     data["dtypes"]["kv_cache"] = "fp8"
     tiny = prefill(parse_spec(data))

@@ -149,6 +149,16 @@ CASES = {
                                               **SMALL), [(1, 45, 11), (0, 0, 9), (2, 7, 1)], False),
     "paged4-full-fp8-mirror-tma-hkv3-short": (constants(6, 3, 16, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=16,
                                                          TMA=True, **SMALL), [(1, 45, 11), (0, 0, 9), (2, 7, 1)], True),
+    # MIRROR over a ring (sliding layers): each slot's positions from its first row's window start (rounded down to
+    # BLOCK_N, the rows below the start zero) in pages of 64 rows, read linearly, across the ring's wrap; room for
+    # all, for the first slot only (short), and slots of two pages with TMA blocks and the gate (shuffled tokens)
+    "ring-w5-fp8-mirror": (constants(4, 2, 16, 5, None, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=8, **SMALL),
+                           RAGGED, False),
+    "ring-w5-fp8-mirror-short": (constants(4, 2, 16, 5, None, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=1,
+                                           **SMALL), RAGGED, False),
+    "ring-w20-fp8-mirror-tma-gate": (constants(4, 2, 32, 20, None, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=8,
+                                               TMA=True, GATE=True, **SMALL), [(1, 40, 70), (0, 3, 5), (3, 100, 17)],
+                                     True),
 }
 
 
@@ -180,7 +190,7 @@ def check_case(name: str, directory: Path) -> dict:
         plain.launch(*ins, *gate, base)
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (out - base).abs().max()
         facts["mirrored_slots"] = int((scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[:4] >= 0).sum())
-        assert facts["mirrored_slots"] == (3 if c["MIRROR_PAGES"] >= 19 else 1), facts
+        assert facts["mirrored_slots"] == (1 if name.endswith("-short") else 3), facts
     return facts
 
 
@@ -249,7 +259,14 @@ def _jobs() -> list[tuple[str, dict, int]]:
         ("full-tp8,full,f8e4m3,gate,mirror,wgmma,split", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
                                                               GATE=True, MIRROR=True, WGMMA=True, WG_SPLIT=True,
                                                               _OPTION=4), 90)]
-    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma
+    # the sliding layers' MIRROR render over the ring (its plan, copy and Triton pass; sm_90a and sm_100a) and its
+    # stage 2 on wgmma with the window mask (WG_SPLIT, the emitter's form; and gated)
+    ring = [(f"full-tp8,sliding,f8e4m3,mirror,o{i}", dict(spec_constants(full, 8, "sliding", "f8e4m3"), MIRROR=True,
+                                                          _OPTION=i), arch) for i in range(3) for arch in (90, 100)]
+    ring += [(f"full-tp8,sliding,f8e4m3,{'gate,' if gate else ''}mirror,wgmma,split",
+              dict(spec_constants(full, 8, "sliding", "f8e4m3"), GATE=gate, MIRROR=True, WGMMA=True, WG_SPLIT=True,
+                   _OPTION=4), 90) for gate in (False, True)]
+    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring
 
 
 def _compile(args) -> dict:
@@ -293,7 +310,7 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["waits"] == 1, r
         if r["arch"] == 90 and r["stage"] == 2 and "f8e4m3" in r["label"]:  # wgmma operands: fp16 only with F16_DOT
             assert r["wgmma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
-    assert len(results) == 22
+    assert len(results) == 30
 
 
 # ---------------------------------------------------------------- 3. the contract
@@ -308,10 +325,12 @@ def test_rendered_module_contract(paged, cache, tmp_path):
     assert inspect.signature(mod.launch).parameters["scratch"].default is None and mod.scratch_numel(1000) == 0
     assert_template_contract(mod)
     assert mod.G == 6 and mod.BLOCK_T == mod.BLOCK_M // 6 and mod.WINDOW == (0 if paged else 512)
-    if paged and cache == "f8e4m3":  # the MIRROR render: the same launcher arguments, scratch for the mirrors
+    if cache == "f8e4m3":  # the MIRROR render: the same launcher arguments, scratch for the mirrors (pages of the
+        # pool's 16 rows, or of 64 over a ring) and the plan's three int32 arrays
         mirror = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, MIRROR=True)), tmp_path)
         assert list(inspect.signature(mirror.launch).parameters) == args and mirror.MIRROR and not mod.MIRROR
-        assert mirror.scratch_numel(1000) == 2 * 65536 * 16 * 128 + 2 * 4096 * 2
+        rows = 65536 * 16 if paged else 512 * 64
+        assert mirror.MPAGE == (16 if paged else 64) and mirror.scratch_numel(1000) == 2 * rows * 128 + 3 * 4096 * 2
         assert_template_contract(mirror)
 
 

@@ -479,6 +479,20 @@ ATTENTION_WGMMA_TILES = dict(WGMMA=True, WG_SPLIT=True)
 ATTENTION_WGMMA_HEAD_DIMS = (64, 128)  # (the render's wgmma tiles: two warpgroups of 64 rows, K steps of 16)
 
 
+# the sliding layers (fp8 ring, sm90 bf16, the mirror on): each step's ring rows converted once into a bf16 mirror
+# (from each sequence's first window start on, in pages of 64 rows), read by the WGMMA pass with the window mask
+# (attention_wgmma_tiles) instead of the Triton pass converting every tile in its loop. The mirror's pages cover
+# RING_MIRROR_TOKENS new tokens and RING_MIRROR_SEQS windows (more: those sequences read the ring, as before).
+ATTENTION_RING_MIRROR = True
+RING_MIRROR_TOKENS, RING_MIRROR_SEQS = 16384, 16
+
+
+def ring_mirror_pages(window: int) -> int:
+    """Mirror pages (64 rows) for RING_MIRROR_TOKENS new tokens of RING_MIRROR_SEQS sequences: each sequence's rows
+    reach back a window and up to two key blocks (its first window start rounded down, its last page)."""
+    return -(-(RING_MIRROR_TOKENS + RING_MIRROR_SEQS * (window + 128)) // 64)
+
+
 def attention_wgmma_tiles(ctx: Context, head_dim: int) -> dict:
     """The mirrored prefill pass's WGMMA constants where it renders (ATTENTION_WGMMA_TILES: sm90, a bf16 model, head
     dims of 64 or 128, neither WGMMA nor a tile it cannot take pinned), else none. sm100 has no wgmma: the Triton pass there."""
@@ -520,6 +534,10 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     if template == "attention_prefill" and paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0:
         tiles = dict(MIRROR=True, MIRROR_PAGES=ctx.attention_mirror_pages)  # (--attention-mirror PAGES)
         tiles.update(attention_wgmma_tiles(ctx, q.shape[2]))
+    elif (template == "attention_prefill" and not paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0
+          and ATTENTION_RING_MIRROR and attention_wgmma_tiles(ctx, q.shape[2])):
+        # the sliding layers: the ring's mirror, for the WGMMA pass (RING_MIRROR_CHOICE)
+        tiles = dict(MIRROR=True, MIRROR_PAGES=ring_mirror_pages(a["window"]), **attention_wgmma_tiles(ctx, q.shape[2]))
     else:
         tiles.update(attention_dot(kc.dtype, ctx.dtype))
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],

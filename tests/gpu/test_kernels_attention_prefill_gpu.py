@@ -205,18 +205,28 @@ def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, kdir):
     SUMMARY.setdefault("gate", []).append(dict(kind=kind, cache=cache, tokens=T, bitwise=True))
 
 
-@pytest.mark.parametrize("case,pages,tiles", [
-    ("ragged", None, {}),  # room for every slot: all read from the mirror
-    ("long-100k+decode", 6300, {}),  # room for one 100K context only: the other slots read from the pool
-    ("ragged-shuffled", None, dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, NUM_STAGES=2)),  # the bf16 cache's tiles
-    ("ragged", None, dict(TMA=True)),  # the mirrored pass's unmasked blocks by TMA copies
-    ("long-100k+decode", 6300, dict(TMA=True)),
+# the mirror pages that hold the first slot of long-100k+decode only: 6,250 pages of 16 (full), 10 of 64 (sliding:
+# positions 99,456 .. 100,066)
+SHORT_PAGES = {"full": 6300, "sliding": 10}
+
+
+@pytest.mark.parametrize("kind,case,short,tiles", [
+    ("full", "ragged", False, {}),  # room for every slot: all read from the mirror
+    ("full", "long-100k+decode", True, {}),  # room for one 100K context only: the other slots read from the pool
+    ("full", "ragged-shuffled", False, dict(BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8, NUM_STAGES=2)),  # bf16's tiles
+    ("full", "ragged", False, dict(TMA=True)),  # the mirrored pass's unmasked blocks by TMA copies
+    ("full", "long-100k+decode", True, dict(TMA=True)),
+    # the sliding layers' ring: each slot's window starts on, across the ring's wrap
+    ("sliding", "ragged", False, {}),
+    ("sliding", "long-100k+decode", True, {}),
+    ("sliding", "ragged-shuffled", False, dict(TMA=True)),
 ])
-def test_mirror_render_gives_the_same_bits(case, pages, tiles, kdir):
-    """MIRROR (the full layer's fp8 K/V converted once per launch into a bf16 mirror, then read without page lookups
-    or conversions; slots without room read from the pool): the same bits as the render without it at the same
-    tiles, and the fp32 reference to < 1e-2; outputs and the mirrors poisoned first."""
-    c = dict(_constants("full", "f8e4m3"), **tiles)
+def test_mirror_render_gives_the_same_bits(kind, case, short, tiles, kdir):
+    """MIRROR (the layer's fp8 K/V converted once per launch into a bf16 mirror, then read without page lookups,
+    ring wraps or conversions; slots without room read from the cache): the same bits as the render without it at
+    the same tiles, and the fp32 reference to < 1e-2; outputs and the mirrors poisoned first."""
+    pages = SHORT_PAGES[kind] if short else None
+    c = dict(_constants(kind, "f8e4m3"), **tiles)
     mirror = _module(dict(c, MIRROR=True, **({"MIRROR_PAGES": pages} if pages else {})), kdir)
     # the plain render at the mirror render's tiles (MIRROR has tiles of its own by default; BLOCK_N sets the order
     # of the softmax's sums, so only equal tiles give equal bits)
@@ -233,7 +243,7 @@ def test_mirror_render_gives_the_same_bits(case, pages, tiles, kdir):
     torch.cuda.synchronize()
     run = scratch[2 * mirror.MIRROR_NUMEL:].view(torch.int32)[:6]
     err = _norm_rel(got, reference(c, ins, torch.float32))
-    line = dict(case=case, mirror_pages=mirror.MIRROR_PAGES, tiles=tiles, tokens=T,
+    line = dict(kind=kind, case=case, mirror_pages=mirror.MIRROR_PAGES, tiles=tiles, tokens=T,
                 mirrored_slots=int((run >= 0).sum()), bitwise=bool(torch.equal(got, want)), rel_err=err)
     SUMMARY.setdefault("mirror", []).append(line)
     print(f"attention_prefill MIRROR {case}: {line}")
@@ -241,23 +251,29 @@ def test_mirror_render_gives_the_same_bits(case, pages, tiles, kdir):
     assert line["mirrored_slots"] == (1 if pages else len(seqs)), line
 
 
-@pytest.mark.parametrize("case,pages,gate,tiles", [
-    ("ragged", None, False, {}),  # room for every slot: all rows by the Gluon pass
-    ("ragged-shuffled", None, True, {}),  # tiles straddling sequences, the output gate in the epilogue
-    ("long-100k", None, False, {}),
-    ("long-100k+decode", 6300, False, {}),  # room for one 100K context only: the other slots from the pool (Triton)
-    ("long-100k+decode", None, True, {}),
-    ("ragged-shuffled", None, True, dict(WG_SPLIT=True)),  # the two warpgroups as two partitions
-    ("long-100k+decode", 6300, False, dict(WG_SPLIT=True)),
-    ("ragged", None, False, dict(WG_STAGES=2)),
+@pytest.mark.parametrize("kind,case,short,gate,tiles", [
+    ("full", "ragged", False, False, {}),  # room for every slot: all rows by the Gluon pass
+    ("full", "ragged-shuffled", False, True, {}),  # tiles straddling sequences, the output gate in the epilogue
+    ("full", "long-100k", False, False, {}),
+    ("full", "long-100k+decode", True, False, {}),  # room for one 100K context only: the other slots from the pool
+    ("full", "long-100k+decode", False, True, {}),
+    ("full", "ragged-shuffled", False, True, dict(WG_SPLIT=True)),  # the two warpgroups as two partitions
+    ("full", "long-100k+decode", True, False, dict(WG_SPLIT=True)),
+    ("full", "ragged", False, False, dict(WG_STAGES=2)),
+    # the sliding layers (window 512, the ring's mirror): the window mask on the first blocks of every trip
+    ("sliding", "ragged", False, False, dict(WG_SPLIT=True)),
+    ("sliding", "ragged-shuffled", False, True, dict(WG_SPLIT=True)),
+    ("sliding", "long-100k", False, False, {}),
+    ("sliding", "long-100k+decode", True, False, dict(WG_SPLIT=True)),
 ])
-def test_wgmma_render_matches_reference(case, pages, gate, tiles, kdir):
+def test_wgmma_render_matches_reference(kind, case, short, gate, tiles, kdir):
     """WGMMA (MIRROR's stage 2 as a warp-specialised Gluon kernel: K/V by TMA into a ring, S of the next block issued
     before P @ V of this one): the fp32 reference to < 1e-2 (gated: the MIRROR render's gated output, the gate being
     the same epilogue, to < 1e-2), no output left unwritten; outputs and the mirrors poisoned with NaN first (rows of
     a block past the slot's last position must be zeroed, not read). How far from the Triton MIRROR render it is
     (bitwise or not) is recorded."""
-    c = dict(_constants("full", "f8e4m3"), GATE=gate, MIRROR=True, **({"MIRROR_PAGES": pages} if pages else {}))
+    pages = SHORT_PAGES[kind] if short else None
+    c = dict(_constants(kind, "f8e4m3"), GATE=gate, MIRROR=True, **({"MIRROR_PAGES": pages} if pages else {}))
     op = "attention_gate" if gate else "attention"
     tri = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
     wg = load_kernel(KernelSpec("attention_prefill", op, dict(c, WGMMA=True, **tiles)), kdir)
@@ -279,7 +295,7 @@ def test_wgmma_render_matches_reference(case, pages, gate, tiles, kdir):
     nan = int(outs[1].isnan().sum())
     vs_triton = _norm_rel(outs[1], outs[0]) if nan == 0 else float("inf")
     err = vs_triton if gate else (_norm_rel(outs[1], reference(c, ins, torch.float32)) if nan == 0 else float("inf"))
-    line = dict(case=case, mirror_pages=wg.MIRROR_PAGES, gate=gate, tiles=tiles, tokens=T, nan=nan, rel_err=err,
+    line = dict(kind=kind, case=case, mirror_pages=wg.MIRROR_PAGES, gate=gate, tiles=tiles, tokens=T, nan=nan, rel_err=err,
                 rel_err_vs_triton_mirror=vs_triton, bitwise_vs_triton_mirror=bool(torch.equal(outs[1], outs[0])))
     SUMMARY.setdefault("wgmma", []).append(line)
     print(f"attention_prefill WGMMA {case}: {line}")
