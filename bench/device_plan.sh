@@ -3,13 +3,15 @@
 # under $OUT, a short summary last. The plan and its reasons: docs/perf-log.md, "Next (for the thirtieth session)".
 #   bash bench/device_plan.sh attn           # WGMMA prefill attention: GPU tests, then the tile sweep
 #   bash bench/device_plan.sh sliding        # the sliding layers' ring MIRROR + WGMMA: GPU tests, then timings
+#   bash bench/device_plan.sh combo          # sliding's tests and timings, the runtime's WGMMA attention, the prefill step
 #   bash bench/device_plan.sh moe-prefill    # WG_V16 and the 128-row default form: GPU tests, then 8,192 / 2,048 tokens
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
 #   bash bench/device_plan.sh runtime        # the prefill step with / without the WGMMA MoE and attention (both default)
 #   bash bench/device_plan.sh decode-knobs   # --set options never measured in the decode step (boundary warps, ...)
-# Each step has its own time limit (a kernel never run before that hangs costs its limit, not the call).
+# Each step has its own time limit (a kernel never run before that hangs costs its limit, not the call). Everything
+# under $OUT comes back as one archive, plan-out.tgz (a call returns at most 8 files).
 set -uo pipefail
 : "${OUT:?set OUT (the device tool sets it)}"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .wheels/*.whl
@@ -33,7 +35,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -41,6 +43,13 @@ case "${1:?name a call: attn, sliding, moe-prefill, moe-ncu, persist, persist-st
   sliding)  # the sliding layers' ring MIRROR and its WGMMA pass (window mask): GPU tests (full ones too), then timings
     tests t-slide 300 tests/gpu/test_kernels_attention_prefill_gpu.py -k "mirror or wgmma"
     step slide-sweep 240 python3 bench/attention_prefill.py --out "$OUT" --cases sliding:f8e4m3:100000,sliding:f8e4m3:0,full:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "BLOCK_N": 128, "WG_STAGES": 2}]'
+    ;;
+  combo)  # one call when machines are scarce: the sliding layers' GPU tests and timings, the runtime test of the
+    # mirrored WGMMA attention (both layer kinds), and the prefill step with / without it
+    tests t-slide 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "sliding and (mirror or wgmma)"
+    step slide-sweep 90 python3 bench/attention_prefill.py --out "$OUT" --cases sliding:f8e4m3:100000,full:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"MIRROR": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}]'
+    BEAMC_RUNTIME_STEPS=300 tests t-rt 110 tests/gpu/test_runtime_gpu.py -k "fp8_mirror_prefill_on_wgmma"
+    step variants-prefill 225 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s30 --variant nowga=attention_prefill.WGMMA=false
     ;;
   moe-prefill)
     tests t-wg 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "v16 or acopy-hres-wsteps2"
@@ -65,9 +74,11 @@ case "${1:?name a call: attn, sliding, moe-prefill, moe-ncu, persist, persist-st
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac
 echo "== summary"
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+# a call brings back at most 8 files: everything in one archive (s30run1 lost its variants JSON, the ninth file)
+(cd "$OUT" && tar czf /tmp/plan-out.tgz . && find . -mindepth 1 -delete && mv /tmp/plan-out.tgz "$OUT/plan-out.tgz")

@@ -282,8 +282,8 @@ def test_prefill_options_reach_the_kernels_and_the_manifest():
 
 def test_mirrored_prefill_attention_on_wgmma_on_sm90_bf16(monkeypatch):
     """The mirrored full layers' prefill pass is attention_prefill's WGMMA render with WG_SPLIT
-    (emitters.ATTENTION_WGMMA_TILES) on sm90 with a bf16 model and head dims of 64 or 128 (the full spec's 128), and
-    so are the sliding layers', over the ring's mirror (emitters.ATTENTION_RING_MIRROR, pages for
+    (emitters.ATTENTION_WGMMA_TILES) on sm90 with a bf16 model and head dims of 64 or 128 (the full spec's 128); with
+    emitters.ATTENTION_RING_MIRROR (off: measured slower) so are the sliding layers', over the ring's mirror (pages for
     RING_MIRROR_TOKENS tokens); not on sm100 (no wgmma: no mirror for rings either), not at the tiny spec's head dim
     32, not in the fp32 instances; `--set attention_prefill.WGMMA=false` keeps the Triton pass (and the sliding
     layers' in-loop conversion), a pinned WG_SPLIT=false the one-partition form, a pinned BLOCK_N=32 (a Triton tile
@@ -299,6 +299,11 @@ def test_mirrored_prefill_attention_on_wgmma_on_sm90_bf16(monkeypatch):
         pkg = compile_package(spec, passes=ALL, phases=("prefill",), **kw)
         return [k.constants for k in pkg.kernels.values() if k.template == "attention_prefill"]
 
+    assert em.ATTENTION_RING_MIRROR is False  # (the default: the sliding layers read the ring in the loop)
+    ks = prefill(full, tp=8)
+    assert [(c["WINDOW"], bool(c.get("MIRROR")), bool(c.get("WGMMA"))) for c in ks] == [(512, False, False),
+                                                                                       (0, True, True)]
+    monkeypatch.setattr(em, "ATTENTION_RING_MIRROR", True)
     ks = prefill(full, tp=8)
     assert len(ks) == 2 and all(c.get("MIRROR") for c in ks)
     assert all(all(c.get(k) == v for k, v in em.ATTENTION_WGMMA_TILES.items()) for c in ks)
@@ -311,10 +316,6 @@ def test_mirrored_prefill_attention_on_wgmma_on_sm90_bf16(monkeypatch):
         assert [c["WINDOW"] for c in ks if c.get("MIRROR")] == ([] if kw.get("dtype") else [0]), kw
     one = prefill(full, tp=8, template_overrides={"attention_prefill": {"WG_SPLIT": False}})
     assert len(one) == 2 and all(c["WGMMA"] is True and c["WG_SPLIT"] is False for c in one)
-    monkeypatch.setattr(em, "ATTENTION_RING_MIRROR", False)
-    ks = prefill(full, tp=8)
-    assert [(c["WINDOW"], bool(c.get("MIRROR")), bool(c.get("WGMMA"))) for c in ks] == [(512, False, False),
-                                                                                       (0, True, True)]
     data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
     data["dtypes"]["kv_cache"] = "fp8"
     tiny = prefill(parse_spec(data))

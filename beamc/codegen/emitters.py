@@ -479,11 +479,16 @@ ATTENTION_WGMMA_TILES = dict(WGMMA=True, WG_SPLIT=True)
 ATTENTION_WGMMA_HEAD_DIMS = (64, 128)  # (the render's wgmma tiles: two warpgroups of 64 rows, K steps of 16)
 
 
-# the sliding layers (fp8 ring, sm90 bf16, the mirror on): each step's ring rows converted once into a bf16 mirror
-# (from each sequence's first window start on, in pages of 64 rows), read by the WGMMA pass with the window mask
-# (attention_wgmma_tiles) instead of the Triton pass converting every tile in its loop. The mirror's pages cover
-# RING_MIRROR_TOKENS new tokens and RING_MIRROR_SEQS windows (more: those sequences read the ring, as before).
-ATTENTION_RING_MIRROR = True
+# the sliding layers (fp8 ring, sm90 bf16, the mirror on), with ATTENTION_RING_MIRROR: each step's ring rows
+# converted once into a bf16 mirror (from each sequence's first window start on, in pages of 64 rows), read by the
+# WGMMA pass with the window mask (attention_wgmma_tiles) instead of the Triton pass converting every tile in its
+# loop. Off: measured slower. H200 2026-12-05 (bench/results/attention-prefill-sweep-2026-12-05-s30run1.json; one
+# sliding layer, 8 x 2,048 new tokens over 100K, window 512, us): the Triton pass over the fp8 ring with fp16
+# operands (the default) 165.7 (155 TFLOP/s), the Triton pass over the mirror 227.6, the WGMMA pass over it 196.2
+# (the same run's full layer: 14,752 -> 10,158 us on the mirror and wgmma). At ~10 key blocks a tile, the mirror's
+# plan and copy launches and a tile's fixed costs outweigh the conversion they save; the outputs are right (GPU tests).
+# The mirror's pages cover RING_MIRROR_TOKENS new tokens and RING_MIRROR_SEQS windows (more: the ring, as before).
+ATTENTION_RING_MIRROR = False
 RING_MIRROR_TOKENS, RING_MIRROR_SEQS = 16384, 16
 
 

@@ -426,6 +426,7 @@ def test_fp8_mirror_prefill_on_wgmma(tiny_spec, tmp_path_factory, summary):
     tiny spec at head dim 64 here, its own checkpoint) inside the runtime's prefill steps, graphs and all: tracks the
     interpreter as the mirrored package does (test_fp8_kv_cache's bounds); the distance to the same package with
     `--set attention_prefill.WGMMA=false` (the Triton passes) is recorded."""
+    import beamc.codegen.emitters as em
     from beamc.checkpoint.init import init_weights
     from beamc.spec import parse_spec
 
@@ -441,8 +442,9 @@ def test_fp8_mirror_prefill_on_wgmma(tiny_spec, tmp_path_factory, summary):
     for name, pins in (("wgmma", None), ("triton", {"attention_prefill": {"WGMMA": False}})):
         d = _package(spec, tmp_path_factory, None, attention_mirror_pages=20, template_overrides=pins)
         m = _load(d, ckpt, spec=spec, kv_dtype="fp8", max_context=512, max_prefill_tokens=512)
-        wg = [k for k in m.package.kernels.values() if k.constants.get("WGMMA")]
-        assert len(wg) == (2 if name == "wgmma" else 0) and all(k.constants.get("MIRROR") for k in wg), name
+        wg = [k for k in m.package.kernels.values() if k.template == "attention_prefill" and k.constants.get("WGMMA")]
+        assert bool(wg) is (name == "wgmma") and all(k.constants.get("MIRROR") for k in wg), name
+        assert {k.constants["WINDOW"] > 0 for k in wg} <= {False, em.ATTENTION_RING_MIRROR}, name  # (sliding: if on)
         runs[name] = _track(m, _ref(spec, ckpt, "bf16", max_len=512, max_chunk=512), seqs, 16)
         del m
     r = runs["wgmma"]
