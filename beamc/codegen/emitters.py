@@ -541,7 +541,7 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         tiles.update(attention_wgmma_tiles(ctx, q.shape[2]))
     elif (template == "attention_prefill" and not paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0
           and ATTENTION_RING_MIRROR and attention_wgmma_tiles(ctx, q.shape[2])):
-        # the sliding layers: the ring's mirror, for the WGMMA pass (RING_MIRROR_CHOICE)
+        # the sliding layers: the ring's mirror, for the WGMMA pass (off: see ATTENTION_RING_MIRROR)
         tiles = dict(MIRROR=True, MIRROR_PAGES=ring_mirror_pages(a["window"]), **attention_wgmma_tiles(ctx, q.shape[2]))
     else:
         tiles.update(attention_dot(kc.dtype, ctx.dtype))
