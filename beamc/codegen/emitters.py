@@ -536,13 +536,13 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     q, kc = node.inputs[:2]
     template = "attention_decode" if g.meta["phase"] == "decode" else "attention_prefill"
     tiles = attention_decode_tiles(a["window"] or 0) if template == "attention_decode" else {}
-    if template == "attention_prefill" and paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0:
-        tiles = dict(MIRROR=True, MIRROR_PAGES=ctx.attention_mirror_pages)  # (--attention-mirror PAGES)
-        tiles.update(attention_wgmma_tiles(ctx, q.shape[2]))
-    elif (template == "attention_prefill" and not paged and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0
-          and ATTENTION_RING_MIRROR and attention_wgmma_tiles(ctx, q.shape[2])):
+    mirrored = template == "attention_prefill" and kc.dtype == "f8e4m3" and ctx.attention_mirror_pages > 0
+    wgmma = attention_wgmma_tiles(ctx, q.shape[2]) if mirrored else {}
+    if mirrored and paged:
+        tiles = dict(MIRROR=True, MIRROR_PAGES=ctx.attention_mirror_pages, **wgmma)  # (--attention-mirror PAGES)
+    elif mirrored and ATTENTION_RING_MIRROR and wgmma:
         # the sliding layers: the ring's mirror, for the WGMMA pass (off: see ATTENTION_RING_MIRROR)
-        tiles = dict(MIRROR=True, MIRROR_PAGES=ring_mirror_pages(a["window"]), **attention_wgmma_tiles(ctx, q.shape[2]))
+        tiles = dict(MIRROR=True, MIRROR_PAGES=ring_mirror_pages(a["window"]), **wgmma)
     else:
         tiles.update(attention_dot(kc.dtype, ctx.dtype))
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],

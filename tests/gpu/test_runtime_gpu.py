@@ -422,8 +422,8 @@ def test_fp8_kv_cache_attention_mirror(tiny_spec, tiny_ckpt_nvfp4, tmp_path_fact
 
 def test_fp8_mirror_prefill_on_wgmma(tiny_spec, tmp_path_factory, summary):
     """The mirrored prefill passes as the WGMMA render (the sm90 bf16 default for head dims of 64 or 128,
-    emitters.ATTENTION_WGMMA_TILES: the full layers over the pool's mirror, the sliding layers over the ring's; the
-    tiny spec at head dim 64 here, its own checkpoint) inside the runtime's prefill steps, graphs and all: tracks the
+    emitters.ATTENTION_WGMMA_TILES: the full layers over the pool's mirror, and with emitters.ATTENTION_RING_MIRROR
+    (off by default) the sliding layers over the ring's; the tiny spec at head dim 64 here, its own checkpoint) inside the runtime's prefill steps, graphs and all: tracks the
     interpreter as the mirrored package does (test_fp8_kv_cache's bounds); the distance to the same package with
     `--set attention_prefill.WGMMA=false` (the Triton passes) is recorded."""
     import beamc.codegen.emitters as em
