@@ -5,6 +5,7 @@
 #   bash bench/device_plan.sh sliding        # the sliding layers' ring MIRROR + WGMMA: GPU tests, then timings
 #   bash bench/device_plan.sh combo          # sliding's tests and timings, the runtime's WGMMA attention, the prefill step
 #   bash bench/device_plan.sh moe-prefill    # WG_V16 and the 128-row default form: GPU tests, then 8,192 / 2,048 tokens
+#   bash bench/device_plan.sh moe-half       # WG_HALF: the 256-row form's tail blocks on half the MMAs: tests, timings
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -35,7 +36,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -49,11 +50,15 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-ncu, persist, per
     tests t-slide 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "sliding and (mirror or wgmma)"
     step slide-sweep 90 python3 bench/attention_prefill.py --out "$OUT" --cases sliding:f8e4m3:100000,full:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"MIRROR": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}]'
     BEAMC_RUNTIME_STEPS=300 tests t-rt 110 tests/gpu/test_runtime_gpu.py -k "fp8_mirror_prefill_on_wgmma"
-    step variants-prefill 225 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s30 --variant nowga=attention_prefill.WGMMA=false
+    step variants-prefill 225 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s31 --variant nowga=attention_prefill.WGMMA=false
     ;;
   moe-prefill)
     tests t-wg 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "v16 or acopy-hres-wsteps2"
     step moe-prefill 190 python3 bench/moe_prefill.py --tokens 8192,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2,WG_WSTEPS=2 WG_ACOPY WG_HRES,moe_nvfp4_prefill dequant relaid$,moe_nvfp4_prefill dequant_down relaid$'
+    ;;
+  moe-half)  # WG_HALF (the 256-row form's tails of <= 128 rows on half the MMAs): GPU tests, then against the default
+    tests t-half 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half"
+    step moe-half 300 python3 bench/moe_prefill.py --tokens 16384,8192 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16'
     ;;
   moe-ncu)  # where stage 4 of the WGMMA MoE spends its time now (1.4 of 3.76 ms at 16,384 tokens: 25% slower per FLOP)
     step ncu-moe-wgmma 400 env OUT="$OUT" bash bench/ncu_source.sh moe-wgmma
@@ -63,18 +68,18 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-ncu, persist, per
     BEAMC_RUNTIME_STEPS=300 tests t-rt-persist 150 tests/gpu/test_runtime_gpu.py -k persistent
     ;;
   persist-step)
-    step variants-persist 540 python3 bench/variants.py --out "$OUT/r" --tag=-s30 --rounds 4 --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
+    step variants-persist 540 python3 bench/variants.py --out "$OUT/r" --tag=-s31 --rounds 4 --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
     ;;
   decode-knobs)  # render options pinnable with --set that were never measured in the decode step
-    step variants-knobs 540 python3 bench/variants.py --out "$OUT/r" --tag=-s30-knobs --rounds 4 --variant bw8=rmsnorm_boundary.NUM_WARPS=8 --variant bw4=rmsnorm_boundary.NUM_WARPS=4 --variant wbn16=attention_decode.WINDOW_BLOCK_N=16
+    step variants-knobs 540 python3 bench/variants.py --out "$OUT/r" --tag=-s31-knobs --rounds 4 --variant bw8=rmsnorm_boundary.NUM_WARPS=8 --variant bw4=rmsnorm_boundary.NUM_WARPS=4 --variant wbn16=attention_decode.WINDOW_BLOCK_N=16
     ;;
   runtime)
     export BEAMC_RUNTIME_STEPS=300
     tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
-    step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s30 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
+    step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

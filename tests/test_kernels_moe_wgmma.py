@@ -41,7 +41,10 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "acopy-hres-wsteps2": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2),
          # WG_V16: stage 4's words (chunks of one K step) in 16-byte copies
          "bm256-wsteps2-v16": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True),
-         "acopy-hres-wsteps2-v16": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True)}
+         "acopy-hres-wsteps2-v16": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True),
+         # WG_HALF: the 256-row form's tail blocks of <= 128 real rows on half the MMAs
+         "bm256-wsteps2-v16-half": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
+                                        WG_HALF=True)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -77,7 +80,7 @@ def _compile(args) -> list[dict]:
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
-            stmatrix=ptx.count("stmatrix")))
+            stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF))
     return out
 
 
@@ -102,6 +105,7 @@ def test_wgmma_renders_compile_for_sm90a():
         assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
+        per_step += per_step // 2 if r["half"] else 0  # (WG_HALF: the tail blocks' loop, m64 once a warpgroup)
         assert r["wgmma"] == [f"m64n{r['rows']}k16"] * per_step, r
         # the A rows by 16-byte copies (the loop's body unrolled over the WG_WSTEPS steps of a ring slot); the
         # weight words (8 WG_WSTEPS bytes a (row, c): one 8-byte copy, or 16-byte ones; WG_V16 with chunks of one
