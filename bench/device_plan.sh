@@ -5,7 +5,7 @@
 #   bash bench/device_plan.sh sliding        # the sliding layers' ring MIRROR + WGMMA: GPU tests, then timings
 #   bash bench/device_plan.sh combo          # sliding's tests and timings, the runtime's WGMMA attention, the prefill step
 #   bash bench/device_plan.sh moe-prefill    # WG_V16 and the 128-row default form: GPU tests, then 8,192 / 2,048 tokens
-#   bash bench/device_plan.sh moe-half       # WG_HALF: the 256-row form's tail blocks on half the MMAs: tests, timings
+#   bash bench/device_plan.sh moe-half       # WG_HALF: the experts' last blocks on fewer MMA rows: tests, timings
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -56,9 +56,9 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-ncu, pe
     tests t-wg 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "v16 or acopy-hres-wsteps2"
     step moe-prefill 190 python3 bench/moe_prefill.py --tokens 8192,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2,WG_WSTEPS=2 WG_ACOPY WG_HRES,moe_nvfp4_prefill dequant relaid$,moe_nvfp4_prefill dequant_down relaid$'
     ;;
-  moe-half)  # WG_HALF (the 256-row form's tails of <= 128 rows on half the MMAs): GPU tests, then against the default
-    tests t-half 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half"
-    step moe-half 300 python3 bench/moe_prefill.py --tokens 16384,8192 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16'
+  moe-half)  # WG_HALF (the experts' last blocks' MMAs on 64 / 128 rows): GPU tests, then against the forms without it
+    tests t-half 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half"
+    step moe-half 330 python3 bench/moe_prefill.py --tokens 16384,8192,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16,WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16'
     ;;
   moe-ncu)  # where stage 4 of the WGMMA MoE spends its time now (1.4 of 3.76 ms at 16,384 tokens: 25% slower per FLOP)
     step ncu-moe-wgmma 400 env OUT="$OUT" bash bench/ncu_source.sh moe-wgmma

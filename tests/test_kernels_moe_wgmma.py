@@ -42,9 +42,10 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # WG_V16: stage 4's words (chunks of one K step) in 16-byte copies
          "bm256-wsteps2-v16": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True),
          "acopy-hres-wsteps2-v16": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True),
-         # WG_HALF: the 256-row form's tail blocks of <= 128 real rows on half the MMAs
+         # WG_HALF: the experts' last blocks on 64 rows (at most 64 real ones) or 128 (at most 128, BLOCK_M 256)
          "bm256-wsteps2-v16-half": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
-                                        WG_HALF=True)}
+                                        WG_HALF=True),
+         "acopy-hres-wsteps2-v16-half": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True, WG_HALF=True)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -105,8 +106,10 @@ def test_wgmma_renders_compile_for_sm90a():
         assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
-        per_step += per_step // 2 if r["half"] else 0  # (WG_HALF: the tail blocks' loop, m64 once a warpgroup)
-        assert r["wgmma"] == [f"m64n{r['rows']}k16"] * per_step, r
+        wgmma = [f"m64n{r['rows']}k16"] * per_step
+        if r["half"]:  # (WG_HALF: the tail blocks' loops: 64 rows, n halved a warpgroup; 128 rows, m64 once)
+            wgmma += [f"m64n{r['rows'] // 2}k16"] * 4 + [f"m64n{r['rows']}k16"] * (4 if r["block_m"] == 256 else 0)
+        assert sorted(r["wgmma"]) == sorted(wgmma), r
         # the A rows by 16-byte copies (the loop's body unrolled over the WG_WSTEPS steps of a ring slot); the
         # weight words (8 WG_WSTEPS bytes a (row, c): one 8-byte copy, or 16-byte ones; WG_V16 with chunks of one
         # K step, RK 64, and WG_WSTEPS 1: the 4 words of a (row, c // 2) in one 16-byte copy) and the scale words (4 bytes a

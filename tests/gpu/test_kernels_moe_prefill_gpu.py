@@ -342,10 +342,12 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 16384, "distinct", "bm256-wsteps2"), ("odd-wg", 1000, "few", "bm256-wsteps2-v16"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16"), ("tp8", 4096, "distinct", "acopy-hres-wsteps2-v16"),
     ("tp8", 4096, "distinct", "acopy-hres-wsteps2"), ("odd-wg", 1000, "repeat", "acopy-hres-wsteps2"),
-    # WG_HALF: tails of <= 128 rows in every block at 1,000 tokens (~31 rows an expert), in ~117 of 629 at 16,384;
-    # none with every pair on one expert
+    # WG_HALF: every expert's one block of <= 64 rows at 1,000 tokens (~31 rows an expert), tails of <= 64 and of
+    # 65-128 rows at 4,096 / 16,384 (~64 / ~512 an expert), none with every pair on one expert
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half"), ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half"),
-    ("tp8", 4096, "one", "bm256-wsteps2-v16-half"), ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half")])
+    ("tp8", 4096, "one", "bm256-wsteps2-v16-half"), ("tp8", 4096, "distinct", "bm256-wsteps2-v16-half"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half"), ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half"),
+    ("odd-wg", 333, "repeat", "acopy-hres-wsteps2-v16-half")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -394,7 +396,8 @@ def test_wgmma_cuda_graph_replay(tmp_path_factory):
     """The WGMMA render (as by default, with WG_STORE and WG_HRES, and with WG_ACOPY) captured once and replayed with
     new x and idx: the same bits as direct launches (no atomics: each output written by one program)."""
     for extra in ({}, WG_FORMS["hres-store"], WG_FORMS["acopy-hres"], WG_FORMS["wsteps2-acopy"],
-                  WG_FORMS["bm256-wsteps2"], WG_FORMS["bm256-wsteps2-v16-half"]):
+                  WG_FORMS["bm256-wsteps2"], WG_FORMS["bm256-wsteps2-v16-half"],
+                  WG_FORMS["acopy-hres-wsteps2-v16-half"]):
         _replays_equal_direct_launches(_module("tp8", tmp_path_factory, WGMMA=True, **extra),
                                        _relaid("tp8", tmp_path_factory), 4096, 27,
                                        ((28, "distinct"), (29, "few"), (30, "one")), check_ref=False)
