@@ -83,6 +83,10 @@ VARIANTS = (
      dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF",
      dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True), True),
+    # the 256-row form's load partition on 8 warps (64 registers each): if the decode and copies bound it
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_LOAD_WARPS=8",
+     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_LOAD_WARPS=8,
+          WG_LOAD_REGS=64), True),
     ("moe_nvfp4_prefill wgmma relaid WG_HRES WG_STORE WG_WDEPTH=2", dict(WGMMA=True, WG_HRES=True, WG_STORE=True,
                                                                           WG_WDEPTH=2), True),
     ("moe_nvfp4_prefill wgmma modelopt (Triton stages, BLOCK_M 128)", dict(WGMMA=True), False),

@@ -45,7 +45,11 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # WG_HALF: the experts' last blocks on 64 rows (at most 64 real ones) or 128 (at most 128, BLOCK_M 256)
          "bm256-wsteps2-v16-half": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
                                         WG_HALF=True),
-         "acopy-hres-wsteps2-v16-half": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True, WG_HALF=True)}
+         "acopy-hres-wsteps2-v16-half": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True, WG_HALF=True),
+         # the 256-row form with a load partition of 8 warps (64 registers each: the MMA partition keeps its 128 of
+         # accumulator): half the decode and copies a warp
+         "bm256-wsteps2-v16-load8": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
+                                         WG_LOAD_WARPS=8, WG_LOAD_REGS=64)}
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -80,7 +84,7 @@ def _compile(args) -> list[dict]:
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
-            load_warps=mod.WG_LOAD_WARPS, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
+            load_warps=mod.WG_LOAD_WARPS, load_regs=mod.WG_LOAD_REGS, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF))
     return out
 
@@ -126,7 +130,7 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["cp_async4"] == slots * per_row // 2 * max(w // 2, 1), r
         assert r["wait_group"] == [str(r["wdepth"])], r
         assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step of a slot unrolled)
-        assert ("inc", "96") in r["setmaxnreg"] and r["st_v4"] > 0, r
+        assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert (("inc", "56") in r["setmaxnreg"]) == r["acopy"], r  # (WG_ACOPY: the A partition's registers)
 
 
