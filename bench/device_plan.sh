@@ -57,8 +57,8 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-ncu, pe
     step moe-prefill 190 python3 bench/moe_prefill.py --tokens 8192,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2,WG_WSTEPS=2 WG_ACOPY WG_HRES,moe_nvfp4_prefill dequant relaid$,moe_nvfp4_prefill dequant_down relaid$'
     ;;
   moe-half)  # WG_HALF (the experts' last blocks' MMAs on 64 / 128 rows): GPU tests, then against the forms without it
-    tests t-half 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half or v16-load8"
-    step moe-half 320 python3 bench/moe_prefill.py --tokens 16384,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16,WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16'
+    tests t-half 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half or v16-load8 or bn128-wsteps2"
+    step moe-half 320 python3 bench/moe_prefill.py --tokens 16384,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16,WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16,WG_BN=128 stages=3 WG_WDEPTH=1'
     ;;
   moe-ncu)  # where stage 4 of the WGMMA MoE spends its time now (1.4 of 3.76 ms at 16,384 tokens: 25% slower per FLOP)
     step ncu-moe-wgmma 400 env OUT="$OUT" bash bench/ncu_source.sh moe-wgmma

@@ -87,6 +87,11 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_LOAD_WARPS=8",
      dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_LOAD_WARPS=8,
           WG_LOAD_REGS=64), True),
+    # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a row block instead of 5 (if stage 3 waits on the
+    # L2's A traffic), twice the 256-row form's decode per FLOP
+    ("moe_nvfp4_prefill wgmma relaid WG_BN=128 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HRES WG_HALF",
+     dict(WGMMA=True, WG_BN=128, WG_STAGES=3, WG_WDEPTH=1, WG_WSTEPS=2, WG_V16=True, WG_HRES=True, WG_HALF=True),
+     True),
     ("moe_nvfp4_prefill wgmma relaid WG_HRES WG_STORE WG_WDEPTH=2", dict(WGMMA=True, WG_HRES=True, WG_STORE=True,
                                                                           WG_WDEPTH=2), True),
     ("moe_nvfp4_prefill wgmma modelopt (Triton stages, BLOCK_M 128)", dict(WGMMA=True), False),
