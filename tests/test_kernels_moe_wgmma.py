@@ -89,7 +89,7 @@ def _compile(args) -> list[dict]:
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS, load_regs=mod.WG_LOAD_REGS, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
-            stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF))
+            stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I))
     return out
 
 
@@ -114,9 +114,15 @@ def test_wgmma_renders_compile_for_sm90a():
         assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
-        wgmma = [f"m64n{r['rows']}k16"] * per_step
-        if r["half"]:  # (WG_HALF: the tail blocks' loops: 64 rows, n halved a warpgroup; 128 rows, m64 once)
-            wgmma += [f"m64n{r['rows'] // 2}k16"] * 4 + [f"m64n{r['rows']}k16"] * (4 if r["block_m"] == 256 else 0)
+        def loops(n):  # the full loop, and with WG_HALF the tail blocks' (64 rows: n halved a warpgroup; 128: m64 once)
+            out = [f"m64n{n}k16"] * per_step
+            if r["half"]:
+                out += [f"m64n{n // 2}k16"] * 4 + [f"m64n{n}k16"] * (4 if r["block_m"] == 256 else 0)
+            return out
+
+        on = r["rows"] // 2  # (gate_up: I's last tile on half the weight rows where at most half of it is real)
+        ntail = r["half"] and r["stage"] == 3 and r["I"] % on != 0 and r["I"] % on <= on // 2
+        wgmma = loops(r["rows"]) + (loops(r["rows"] // 2) if ntail else [])
         assert sorted(r["wgmma"]) == sorted(wgmma), r
         # the A rows by 16-byte copies (the loop's body unrolled over the WG_WSTEPS steps of a ring slot); the
         # weight words (8 WG_WSTEPS bytes a (row, c): one 8-byte copy, or 16-byte ones; WG_V16 with chunks of one
