@@ -284,13 +284,16 @@ MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS,
 #   16,384 tokens (s28run2): DEQUANT 4,444, DEQUANT_DOWN 3,933, 128-row 4,256, 256-row 3,760.
 # Below 2,048 tokens not measured (the in-loop render stays). WG_V16 (stage 4's words in 16-byte copies where the
 # relayout's chunks are one K step: Beam's I = 320 at TP 8; the render ignores it elsewhere) saves 3-6% of stage 4.
+# WG_HALF (an expert's last block's MMAs and stores on 64 / 128 rows where its real rows fit; bitwise the same
+# outputs) in both forms, s31run1-2: 16,384 tokens, 256-row 3,724 -> 3,590 us, 128-row 4,185 -> 4,118; 2,048 tokens,
+# 128-row 974 -> 910; the prefill step 405.36 -> 396.90 ms (logits bitwise equal).
 MOE_WGMMA_MIN_TOKENS = 2048
 MOE_WGMMA_BM256_MIN_TOKENS = 8192
 MOE_WGMMA_FORMS = {
     # 128-row blocks, the words two K steps a ring slot, the A rows by their own partition, stage 4's h rows resident
-    "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True),
+    "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True),
     # 256-row blocks (half the K steps per FLOP), 3 stages and a ring 2 slots ahead (shared memory)
-    "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True)}
+    "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True)}
 # the 128-row form's WG_HRES keeps a row block's h (128 x I bf16) resident in stage 4's shared memory: beside its ring
 # that fits up to I / 64 = 6 K steps (the template's WG_SMEM4: 16 KB a step + 121 KB, within 227 KB); above (TP < 8
 # of the full spec: I 640 .. 2,560) the form runs without it
@@ -305,8 +308,12 @@ MOE_WGMMA_CHOICE = {"wgmma_from_tokens": MOE_WGMMA_MIN_TOKENS, "bm256_from_token
                                                             (4096, 1874, 1836, 1959, 1476, 1616, False),
                                                             (8192, 3134, 2634, 2566, 2339, 2303, True),
                                                             (16384, 5931, 4444, 3933, 4256, 3760, False))],
-                    "source": "bench/results/moe-prefill-2026-12-05-s28run2.json, moe-prefill-2026-12-05-s29run3.json "
-                              "(H200)"}
+                    "wg_half": [{"tokens": t, "bm128_us": a, "bm128_half_us": b, "bm256_us": c, "bm256_half_us": d}
+                                for t, a, b, c, d in ((2048, 974.4, 910.2, 1546.4, 1208.7),
+                                                      (16384, 4185.2, 4117.7, 3723.6, 3590.3))],
+                    "wg_half_in_step": {"prefill_ms": 405.36, "prefill_half_ms": 396.90, "logits": "bitwise"},
+                    "source": "bench/results/moe-prefill-2026-12-05-s28run2.json, moe-prefill-2026-12-05-s29run3.json, "
+                              "moe-prefill-2026-12-05-s31run1.json, variants-2026-12-05-s31run2.json (H200)"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}
