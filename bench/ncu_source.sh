@@ -38,7 +38,7 @@ for what in "${@:-qkn moe router}"; do
       router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
       moe-wgmma) kre='^wg_kernel$' prof moe-wgmma-16k 2 \
                    python3 bench/moe_prefill.py --tokens 16384 \
-                   --ncu '{"WGMMA": true, "BLOCK_M": 256, "WG_STAGES": 3, "WG_WDEPTH": 2, "WG_WSTEPS": 2, "WG_V16": true}' ;;
+                   --ncu '{"WGMMA": true, "BLOCK_M": 256, "WG_STAGES": 3, "WG_WDEPTH": 2, "WG_WSTEPS": 2, "WG_V16": true, "WG_HALF": true}' ;;
       attn-wgmma) kre='^wg_attention$' prof attn-wgmma-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
                     --tiles '[{"MIRROR": true, "WGMMA": true}]' ;;
       attn-mirror) prof attn-mirror-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
