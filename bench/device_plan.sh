@@ -37,7 +37,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -65,6 +65,10 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     tests t-half 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half and (16384 or 2048 or tp8-1000)"
     step moe-half 270 python3 bench/moe_prefill.py --tokens 16384,2048 --out "$OUT" --only 'BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16,WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16,WG_BN=128 stages=3 WG_WDEPTH=1'
     ;;
+  load8s3)  # stage 3's load partition on 8 warps, stage 4's on 4 (the 256-row form with WG_HALF): tests, timings
+    tests t-l8 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half-load8s3"
+    step moe-l8 200 python3 bench/moe_prefill.py --tokens 16384,8192 --out "$OUT" --only 'WG_WSTEPS=2 WG_V16 WG_HALF'
+    ;;
   half-step)  # the prefill step with WG_HALF in the emitter's forms, paired with the default package
     step variants-half 300 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s31 --variant half=moe_nvfp4_prefill.WG_HALF=true
     ;;
@@ -87,7 +91,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -50,6 +50,10 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # accumulator): half the decode and copies a warp
          "bm256-wsteps2-v16-load8": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
                                          WG_LOAD_WARPS=8, WG_LOAD_REGS=64),
+         # ... on 8 in stage 3 only (stage 4 slower with them, s31run1)
+         "bm256-wsteps2-v16-half-load8s3": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
+                                                WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4,
+                                                WG_LOAD_REGS4=96),
          # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a block instead of 5 (the A side's L2 traffic
          # -40% against the 256-row form), the decode per FLOP twice the 256-row form's; a ring slot ahead (217 KB)
          "bn128-wsteps2-v16-hres": dict(WG_BN=128, WG_STAGES=3, WG_WDEPTH=1, WG_WSTEPS=2, WG_V16=True, WG_HRES=True,
@@ -88,7 +92,8 @@ def _compile(args) -> list[dict]:
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
-            load_warps=mod.WG_LOAD_WARPS, load_regs=mod.WG_LOAD_REGS, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
+            load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
+            load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I))
     return out
 

@@ -349,7 +349,9 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half"), ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half"),
     ("odd-wg", 333, "repeat", "acopy-hres-wsteps2-v16-half"),
     ("odd-wg", 1000, "few", "bm256-wsteps2-v16-load8"), ("tp8", 16384, "distinct", "bm256-wsteps2-v16-load8"),
-    ("odd-wg", 1000, "distinct", "bn128-wsteps2-v16-hres"), ("tp8", 16384, "distinct", "bn128-wsteps2-v16-hres")])
+    ("odd-wg", 1000, "distinct", "bn128-wsteps2-v16-hres"), ("tp8", 16384, "distinct", "bn128-wsteps2-v16-hres"),
+    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
