@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The next device calls, by name: each one `run` call (carry [".wheels"]), at most ~9 of its 10 minutes, everything
-# under $OUT, a short summary last. The plan and its reasons: docs/perf-log.md, "Next (for the thirtieth session)".
+# under $OUT, a short summary last. The plan and its reasons: docs/perf-log.md, the latest "Next (for the ... session)".
 #   bash bench/device_plan.sh attn           # WGMMA prefill attention: GPU tests, then the tile sweep
 #   bash bench/device_plan.sh sliding        # the sliding layers' ring MIRROR + WGMMA: GPU tests, then timings
 #   bash bench/device_plan.sh combo          # sliding's tests and timings, the runtime's WGMMA attention, the prefill step
 #   bash bench/device_plan.sh moe-prefill    # WG_V16 and the 128-row default form: GPU tests, then 8,192 / 2,048 tokens
 #   bash bench/device_plan.sh moe-half       # WG_HALF: the experts' last blocks on fewer MMA rows: tests, timings
 #   bash bench/device_plan.sh half-step      # ... and the prefill step with it
+#   bash bench/device_plan.sh w4aq           # stage 3's 4-step ring slots (whole sectors) and WG_AQ: tests, timings
+#   bash bench/device_plan.sh forms          # the emitter's new forms: graph replay, runtime test, the step with / without WG_AQ
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -18,6 +20,10 @@ set -uo pipefail
 : "${OUT:?set OUT (the device tool sets it)}"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD
+# variants.py --rounds keeps the default package loaded beside each variant's: the H200's 141 GB hold both, an
+# H100's 80 GB do not (s32run3: out of memory), so there the variants run one after another, unpaired
+ROUNDS=$(python3 -c "import torch; print(4 if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else 0)" \
+         2>/dev/null || echo 0)
 summary=()
 
 step() {  # LABEL SECONDS CMD...: run with a time limit, log to $OUT/LABEL.log, remember its last lines
@@ -37,7 +43,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -69,6 +75,17 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     tests t-l8 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "half-load8s3"
     step moe-l8 200 python3 bench/moe_prefill.py --tokens 16384,8192 --out "$OUT" --only 'WG_WSTEPS=2 WG_V16 WG_HALF'
     ;;
+  w4aq)  # stage 3's words in ring slots of 4 K steps (whole sectors), WG_AQ (A copies as far as the MMAs read): tests, timings
+    tests t-w4aq 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wsteps4-v16-half-load8s3 or half-load8s3-aq or half-aq"
+    step moe-w4aq 150 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" --only '(stage 3)'
+    step moe-aq128 60 python3 bench/moe_prefill.py --tokens 2048 --out "$OUT/b128" --only 'WG_ACOPY WG_HRES WG_V16 WG_HALF'
+    ;;
+  forms)  # the emitter's new forms (8 load warps in stage 3, WG_AQ in the 128-row form): graph replay, the runtime's
+          # WGMMA test, and the prefill step of 2 x 2,048 tokens (the 128-row form) with / without WG_AQ
+    tests t-replay 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k wgmma_cuda_graph_replay
+    BEAMC_RUNTIME_STEPS=300 tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
+    step variants-aq 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --batch 2 --tag=-s33-aq --variant noaq=form.bm128.WG_AQ=false
+    ;;
   half-step)  # the prefill step with WG_HALF in the emitter's forms, paired with the default package
     step variants-half 300 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s31 --variant half=moe_nvfp4_prefill.WG_HALF=true
     ;;
@@ -80,10 +97,10 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     BEAMC_RUNTIME_STEPS=300 tests t-rt-persist 150 tests/gpu/test_runtime_gpu.py -k persistent
     ;;
   persist-step)
-    step variants-persist 540 python3 bench/variants.py --out "$OUT/r" --tag=-s31 --rounds 4 --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
+    step variants-persist 540 python3 bench/variants.py --out "$OUT/r" --tag=-s32 --rounds "$ROUNDS" --variant persist=moe_nvfp4_decode.PERSIST=true --variant pns=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.SCAN_T1=false --variant pe1=moe_nvfp4_decode.PERSIST=true,moe_nvfp4_decode.EARLY1=true
     ;;
   decode-knobs)  # render options pinnable with --set that were never measured in the decode step
-    step variants-knobs 540 python3 bench/variants.py --out "$OUT/r" --tag=-s31-knobs --rounds 4 --variant bw8=rmsnorm_boundary.NUM_WARPS=8 --variant bw4=rmsnorm_boundary.NUM_WARPS=4 --variant wbn16=attention_decode.WINDOW_BLOCK_N=16
+    step variants-knobs 540 python3 bench/variants.py --out "$OUT/r" --tag=-s32-knobs --rounds "$ROUNDS" --variant bw8=rmsnorm_boundary.NUM_WARPS=8 --variant bw4=rmsnorm_boundary.NUM_WARPS=4 --variant wbn16=attention_decode.WINDOW_BLOCK_N=16
     ;;
   runtime)
     export BEAMC_RUNTIME_STEPS=300
@@ -91,7 +108,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

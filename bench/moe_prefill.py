@@ -91,6 +91,20 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3)",
      dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8,
           WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+    # ... with ring slots of 4 K steps, a slot ahead (stage 4's 2): the words' copies on whole 32-byte sectors, two
+    # lanes a run (ncu s32run4: the 2-step runs' copies 32 wavefronts each, ideal 4; half of each sector used)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=4 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3)",
+     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4, WG_V16=True, WG_HALF=True,
+          WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+    # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
+     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True, WG_AQ=True,
+          WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=4 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
+     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4, WG_V16=True, WG_HALF=True,
+          WG_AQ=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ",
+     dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True), True),
     # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a row block instead of 5 (if stage 3 waits on the
     # L2's A traffic), twice the 256-row form's decode per FLOP
     ("moe_nvfp4_prefill wgmma relaid WG_BN=128 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HRES WG_HALF",

@@ -1,7 +1,9 @@
 """Template variants in the whole step: batch-1 decode (and optionally the prefill) of one TP-8 rank's share of Beam,
 every pass on, for packages that differ only in template constants (`beamc compile --set TEMPLATE.CONSTANT=VALUE`)
 or compile options (`compile.NAME=VALUE`: COMPILE_OPTIONS, `compile_package`'s keywords), or leave a fusion pass out
-(`pass.NAME=false`: the package without that pass, e.g. `--variant unfused=pass.qk_attention=false`).
+(`pass.NAME=false`: the package without that pass, e.g. `--variant unfused=pass.qk_attention=false`), or change a
+form the emitter picks by itself (`form.NAME.KEY=VALUE`: a key of `emitters.MOE_WGMMA_FORMS[NAME]`, constants the
+compiler sets and `--set` may not pin, e.g. `--variant load4=form.bm256.WG_LOAD_WARPS=4,form.bm256.WG_LOAD_REGS=96`).
 
     python bench/variants.py --out $OUT --variant kv_tiles=attention_decode.KV_TILES=true \\
         --variant w8=attention_decode.NUM_WARPS=8,attention_decode.BLOCK_N=128 \\
@@ -35,6 +37,7 @@ paired range is the noise left.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import statistics
@@ -76,6 +79,15 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
             raise SystemExit(f"--variant {label}: {item!r}: give pass.NAME=false, NAME one of " + ", ".join(PASSES))
         options.setdefault("disable", []).append(name)
     items = [i for i in items if not i.startswith("pass.")]
+    for item in (i for i in items if i.startswith("form.")):  # a key of one of the emitter's MoE WGMMA forms
+        from beamc.codegen.emitters import MOE_WGMMA_FORMS
+        name, _, kv = item[len("form."):].partition(".")
+        key, _, value = kv.partition("=")
+        if name not in MOE_WGMMA_FORMS or not key.isupper() or not value:
+            raise SystemExit(f"--variant {label}: {item!r}: give form.NAME.KEY=VALUE, NAME one of "
+                             + ", ".join(MOE_WGMMA_FORMS) + " (emitters.MOE_WGMMA_FORMS), KEY a template constant")
+        options.setdefault("forms", {}).setdefault(name, {})[key] = parse_value(value)
+    items = [i for i in items if not i.startswith("form.")]
     for item in (i for i in items if i.startswith("compile.")):
         name, _, value = item[len("compile."):].partition("=")
         if name not in COMPILE_OPTIONS or not value:
@@ -143,10 +155,11 @@ def main(argv=None) -> dict:
         keep: list | None = [] if a.rounds else None
         try:
             passes = [p for p in PASSES if p not in options.get("disable", [])]
-            compile_opts = {k: v for k, v in options.items() if k != "disable"}
-            r = ablation.run_row(a, spec, passes, weights, device, Path(tmp.name), f"v{i}", bw,
-                                 overrides=over, prefill=a.prefill, options=compile_opts, outputs=outs, keep=keep,
-                                 decode_batch=a.decode_batch)
+            compile_opts = {k: v for k, v in options.items() if k not in ("disable", "forms")}
+            with emitter_forms(options.get("forms", {})):
+                r = ablation.run_row(a, spec, passes, weights, device, Path(tmp.name), f"v{i}", bw,
+                                     overrides=over, prefill=a.prefill, options=compile_opts, outputs=outs, keep=keep,
+                                     decode_batch=a.decode_batch)
             reference = outs if reference is None else reference
             r["decode"]["logits"] = compare_logits(outs, reference)
         except Exception as e:  # one failing variant must not lose the others' numbers
@@ -171,6 +184,21 @@ def main(argv=None) -> dict:
     print(f"wrote {path}")
     print(table(facts))
     return facts
+
+
+@contextlib.contextmanager
+def emitter_forms(changes: dict):
+    """emitters.MOE_WGMMA_FORMS with `changes` ({form: {key: value}}) while the variant's package compiles, then as
+    it was (the next variant compiles with the emitter's own forms)."""
+    from beamc.codegen import emitters
+    saved = {name: dict(form) for name, form in emitters.MOE_WGMMA_FORMS.items()}
+    for name, kv in changes.items():
+        emitters.MOE_WGMMA_FORMS[name].update(kv)
+    try:
+        yield
+    finally:
+        emitters.MOE_WGMMA_FORMS.clear()
+        emitters.MOE_WGMMA_FORMS.update(saved)
 
 
 def alternated(base, variant, device, steps: int, rounds: int) -> tuple[list, list]:

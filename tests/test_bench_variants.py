@@ -18,12 +18,24 @@ def test_a_variant_is_a_label_and_checked_overrides():
         "ungated", {}, {"prefill_attention_gate": False})
     assert variants.parse_variant("unfused=pass.qk_attention=false,attention_decode.NUM_WARPS=8") == (
         "unfused", {"attention_decode": {"NUM_WARPS": 8}}, {"disable": ["qk_attention"]})  # (a pass left out)
+    assert variants.parse_variant("l4=form.bm256.WG_LOAD_WARPS=4,form.bm256.WG_LOAD_REGS=96") == (
+        "l4", {}, {"forms": {"bm256": {"WG_LOAD_WARPS": 4, "WG_LOAD_REGS": 96}}})  # (a key of the emitter's form)
     for bad in ("attention_decode.NUM_WARPS=8", "w8", "w8=attention_decode.WARPS=8", "w8=nothing.X=1",
-                "x=pass.nothing=false", "x=pass.qk_attention=true",
+                "x=pass.nothing=false", "x=pass.qk_attention=true", "x=form.bm512.WG_AQ=true", "x=form.bm256.WG_AQ=",
+                "x=form.bm256.wg_aq=true",
                 "x=compile.passes=none", "x=compile.moe_dequant=", "x=compile.prefill_attention_gate=maybe",
                 "x=compile.moe_combine_max_tokens=true", "x=compile.attention_mirror_pages=2.5"):
         with pytest.raises(SystemExit):
             variants.parse_variant(bad)
+
+
+def test_a_form_change_holds_while_its_variant_compiles_only():
+    from beamc.codegen import emitters
+    before = {k: dict(v) for k, v in emitters.MOE_WGMMA_FORMS.items()}
+    with variants.emitter_forms({"bm256": {"WG_LOAD_WARPS": 4}}):
+        assert emitters.MOE_WGMMA_FORMS["bm256"]["WG_LOAD_WARPS"] == 4
+        assert emitters.MOE_WGMMA_FORMS["bm128"] == before["bm128"]
+    assert emitters.MOE_WGMMA_FORMS == before
 
 
 def test_the_table_sets_each_variant_against_the_two_default_runs():

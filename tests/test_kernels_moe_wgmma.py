@@ -54,6 +54,20 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "bm256-wsteps2-v16-half-load8s3": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
                                                 WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4,
                                                 WG_LOAD_REGS4=96),
+         # ... with ring slots of 4 K steps (32-byte runs: the words' copies on whole sectors, two lanes a run), a
+         # slot ahead (the same 4 K steps of look-ahead as 2 slots of 2; 197 KB), stage 4's ring 2 slots ahead still
+         "bm256-wsteps4-v16-half-load8s3": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4,
+                                                WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
+                                                WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96),
+         # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
+         "bm256-wsteps2-v16-half-load8s3-aq": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
+                                                   WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
+                                                   WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_AQ=True),
+         "bm256-wsteps4-v16-half-load8s3-aq": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4,
+                                                   WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
+                                                   WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_AQ=True),
+         "acopy-hres-wsteps2-v16-half-aq": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
+                                                WG_AQ=True),
          # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a block instead of 5 (the A side's L2 traffic
          # -40% against the 256-row form), the decode per FLOP twice the 256-row form's; a ring slot ahead (217 KB)
          "bn128-wsteps2-v16-hres": dict(WG_BN=128, WG_STAGES=3, WG_WDEPTH=1, WG_WSTEPS=2, WG_V16=True, WG_HRES=True,
@@ -86,7 +100,8 @@ def _compile(args) -> list[dict]:
             cp_async16=len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)),
             cp_async8=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x8", ptx)),
             cp_async4=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x4", ptx)),
-            wait_group=re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx), wdepth=mod.WG_WDEPTH,
+            wait_group=re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx),
+            wdepth=mod.WG_WDEPTH if stage == 3 else mod.WG_WDEPTH4,
             wsteps=mod.WG_WSTEPS if stage == 3 else 1, rk=mod.RK0 if stage == 3 else mod.RK1, wv16=mod.WG_V16,
             cp_async_arrive=ptx.count("cp.async.mbarrier.arrive"), decode_muls=ptx.count("mul.rn.bf16x2"),
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),

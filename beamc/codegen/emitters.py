@@ -287,13 +287,21 @@ MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS,
 # WG_HALF (an expert's last block's MMAs and stores on 64 / 128 rows where its real rows fit; bitwise the same
 # outputs) in both forms, s31run1-2: 16,384 tokens, 256-row 3,724 -> 3,590 us, 128-row 4,185 -> 4,118; 2,048 tokens,
 # 128-row 974 -> 910; the prefill step 405.36 -> 396.90 ms (logits bitwise equal).
+# The 256-row form's stage 3 load partition on 8 warps (stage 4's on 4), s32run1 / s32run7 (H100): 16,384 tokens
+# 3,564 -> 3,338 us, 8,192 2,087 -> 1,952; the prefill step 412.05 -> 403.87 ms. WG_AQ (the A rows copied only as far
+# as WG_HALF's MMAs read them; bitwise the same outputs) in the 128-row form, s32run9-10 (H200): 2,048 tokens 912 ->
+# 892 and 906 -> 891 us, 4,096 1,372 -> 1,340; in the 256-row form neutral at 16,384 (3,354 -> 3,398, 3,395 -> 3,391).
 MOE_WGMMA_MIN_TOKENS = 2048
 MOE_WGMMA_BM256_MIN_TOKENS = 8192
 MOE_WGMMA_FORMS = {
     # 128-row blocks, the words two K steps a ring slot, the A rows by their own partition, stage 4's h rows resident
-    "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True),
+    # (and the A rows copied only as far as the MMAs read them: s32run9-10)
+    "bm128": dict(WGMMA=True, BLOCK_M=128, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True,
+                  WG_AQ=True),
     # 256-row blocks (half the K steps per FLOP), 3 stages and a ring 2 slots ahead (shared memory)
-    "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True)}
+    # (stage 3's load partition on 8 warps, stage 4's on 4: s32run1)
+    "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
+                  WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96)}
 # the 128-row form's WG_HRES keeps a row block's h (128 x I bf16) resident in stage 4's shared memory: beside its ring
 # that fits up to I / 64 = 6 K steps (the template's WG_SMEM4: 16 KB a step + 121 KB, within 227 KB); above (TP < 8
 # of the full spec: I 640 .. 2,560) the form runs without it
@@ -312,8 +320,15 @@ MOE_WGMMA_CHOICE = {"wgmma_from_tokens": MOE_WGMMA_MIN_TOKENS, "bm256_from_token
                                 for t, a, b, c, d in ((2048, 974.4, 910.2, 1546.4, 1208.7),
                                                       (16384, 4185.2, 4117.7, 3723.6, 3590.3))],
                     "wg_half_in_step": {"prefill_ms": 405.36, "prefill_half_ms": 396.90, "logits": "bitwise"},
+                    "bm256_load8_stage3": {"device": "H100", "us_16384": [3564.3, 3338.2], "us_8192": [2086.6, 1952.4],
+                                           "prefill_step_ms": [412.05, 403.87]},
+                    "bm128_wg_aq": {"device": "H200", "us_2048": [[911.9, 892.1], [906.5, 891.2]],
+                                    "us_4096": [1372.2, 1340.1]},
                     "source": "bench/results/moe-prefill-2026-12-05-s28run2.json, moe-prefill-2026-12-05-s29run3.json, "
-                              "moe-prefill-2026-12-05-s31run1.json, variants-2026-12-05-s31run2.json (H200)"}
+                              "moe-prefill-2026-12-05-s31run1.json, variants-2026-12-05-s31run2.json (H200); "
+                              "moe-prefill-2026-12-05-s32run1.json, variants-2026-12-05-s32run7-l{4,8}.json (H100); "
+                              "moe-prefill-2026-12-05-s32run9{,-2048}.json, moe-prefill-2026-12-05-s32run10-*.json "
+                              "(H200)"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}

@@ -351,7 +351,13 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("odd-wg", 1000, "few", "bm256-wsteps2-v16-load8"), ("tp8", 16384, "distinct", "bm256-wsteps2-v16-load8"),
     ("odd-wg", 1000, "distinct", "bn128-wsteps2-v16-hres"), ("tp8", 16384, "distinct", "bn128-wsteps2-v16-hres"),
     ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3"),
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3")])
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3"),
+    # ring slots of 4 K steps (bitwise equal to slots of 2); WG_AQ (bitwise equal to the form without WG_HALF)
+    ("tp8", 4096, "one", "bm256-wsteps4-v16-half-load8s3"), ("odd-wg", 1000, "few", "bm256-wsteps4-v16-half-load8s3-aq"),
+    ("tp8", 16384, "distinct", "bm256-wsteps4-v16-half-load8s3-aq"),
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-aq"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-aq"),
+    ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq"), ("odd-wg", 333, "repeat", "acopy-hres-wsteps2-v16-half-aq")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -383,9 +389,13 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     if shape == "tp8" and M == 1000 and form == "default":
         line["modelopt_rel_err_fp32_ref"] = _rel(_run(mod, params, x, idx), ref)
     if mod.WG_HALF:  # the tail blocks' half MMAs give the rows the full block's MMAs give them, bit for bit
-        full = {k: v for k, v in WG_FORMS[form].items() if k != "WG_HALF"}
+        full = {k: v for k, v in WG_FORMS[form].items() if k not in ("WG_HALF", "WG_AQ")}
         line["bitwise_equal_without_half"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
                                                                                **full), relaid, x, idx)))
+    if form.startswith("bm256-wsteps4"):  # the words' copies in runs of 4 steps give the tiles runs of 2 give
+        two = dict(WG_FORMS[form], WG_WSTEPS=2, WG_WDEPTH=2)
+        line["bitwise_equal_wsteps2"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **two),
+                                                                   relaid, x, idx)))
     SUMMARY["moe_nvfp4_prefill"].append(line)
     print(f"moe_nvfp4_prefill {shape} M={M} {kind} wgmma-{form}: rel err {line['rel_err_fp32_ref']:.2e} (fp32 ref; "
           f"default render {line['default_render_rel_err_fp32_ref']:.2e}), {line['rel_err_default_render']:.2e} "
@@ -393,15 +403,17 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line["h_rel_err_default_render"] < 5e-3, line
     assert line["rel_err_fp32_ref"] < 1e-2 and line["worst_row_rel_err"] < 3e-2, line
     assert line["rel_err_default_render"] < 5e-3 and line.get("modelopt_rel_err_fp32_ref", 0) < 1e-2, line
-    assert line.get("bitwise_equal_without_half", True), line
+    assert line.get("bitwise_equal_without_half", True) and line.get("bitwise_equal_wsteps2", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
-    """The WGMMA render (as by default, with WG_STORE and WG_HRES, and with WG_ACOPY) captured once and replayed with
-    new x and idx: the same bits as direct launches (no atomics: each output written by one program)."""
+    """The WGMMA render (as by default, with WG_STORE and WG_HRES, with WG_ACOPY, and the emitter's forms: 8 load warps
+    in stage 3, WG_AQ) captured once and replayed with new x and idx: the same bits as direct launches (no atomics:
+    each output written by one program)."""
     for extra in ({}, WG_FORMS["hres-store"], WG_FORMS["acopy-hres"], WG_FORMS["wsteps2-acopy"],
                   WG_FORMS["bm256-wsteps2"], WG_FORMS["bm256-wsteps2-v16-half"],
-                  WG_FORMS["acopy-hres-wsteps2-v16-half"]):
+                  WG_FORMS["acopy-hres-wsteps2-v16-half"], WG_FORMS["bm256-wsteps2-v16-half-load8s3"],
+                  WG_FORMS["acopy-hres-wsteps2-v16-half-aq"]):
         _replays_equal_direct_launches(_module("tp8", tmp_path_factory, WGMMA=True, **extra),
                                        _relaid("tp8", tmp_path_factory), 4096, 27,
                                        ((28, "distinct"), (29, "few"), (30, "one")), check_ref=False)
