@@ -9,6 +9,7 @@
 #   bash bench/device_plan.sh half-step      # ... and the prefill step with it
 #   bash bench/device_plan.sh w4aq           # stage 3's 4-step ring slots (whole sectors) and WG_AQ: tests, timings
 #   bash bench/device_plan.sh forms          # the emitter's new forms: graph replay, runtime test, the step with / without WG_AQ
+#   bash bench/device_plan.sh parts2         # stage 3's two load partitions on alternate runs: tests, timings
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -43,7 +44,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -86,6 +87,10 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     BEAMC_RUNTIME_STEPS=300 tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
     step variants-aq 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --batch 2 --tag=-s33-aq --variant noaq=form.bm128.WG_AQ=false
     ;;
+  parts2)  # stage 3's two load partitions on alternate runs (WG_LOAD_PARTS 2, and with WG_A32): tests, timings
+    tests t-parts2 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "parts2"
+    step moe-parts2 120 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" --only '(stage 3)'
+    ;;
   half-step)  # the prefill step with WG_HALF in the emitter's forms, paired with the default package
     step variants-half 300 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s31 --variant half=moe_nvfp4_prefill.WG_HALF=true
     ;;
@@ -108,7 +113,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

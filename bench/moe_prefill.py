@@ -96,6 +96,14 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=4 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3)",
      dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4, WG_V16=True, WG_HALF=True,
           WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+    # two load partitions of 4 warps on alternate 2-step runs (each one's bar.syncs its own; a ring slot ahead each),
+    # and with the A rows as 32-bit offsets (the partitions spill ~60 / ~20 values each at 64 registers)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_PARTS=2 (stage 3)",
+     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
+          WG_LOAD_WARPS=4, WG_LOAD_REGS=64, WG_LOAD_PARTS=2, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_PARTS=2 WG_A32 (stage 3)",
+     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
+          WG_LOAD_WARPS=4, WG_LOAD_REGS=64, WG_LOAD_PARTS=2, WG_A32=True, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
      dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True, WG_AQ=True,

@@ -59,6 +59,19 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "bm256-wsteps4-v16-half-load8s3": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4,
                                                 WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
                                                 WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96),
+         # two load partitions of 4 warps in stage 3 (64 registers each), on alternate 2-step runs, a ring slot
+         # ahead each (4 slots in all against 3)
+         "bm256-wsteps2-v16-half-parts2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2,
+                                               WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=4, WG_LOAD_REGS=64,
+                                               WG_LOAD_PARTS=2, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96),
+         # ... with the A rows as 32-bit offsets (16 registers a thread fewer: the partitions spill without)
+         "bm256-wsteps2-v16-half-parts2-a32": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2,
+                                                   WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=4, WG_LOAD_REGS=64,
+                                                   WG_LOAD_PARTS=2, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_A32=True),
+         # the emitter's 256-row form with the A rows as 32-bit offsets
+         "bm256-wsteps2-v16-half-load8s3-a32": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
+                                                    WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
+                                                    WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_A32=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
          "bm256-wsteps2-v16-half-load8s3-aq": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
                                                    WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
@@ -109,7 +122,8 @@ def _compile(args) -> list[dict]:
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
             load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
-            stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I))
+            stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I,
+            parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
     return out
 
 
@@ -128,8 +142,9 @@ def test_wgmma_renders_compile_for_sm90a():
         rows = [r for rs in pool.map(_compile, jobs) for r in rs]
     assert len(rows) == 2 * len(jobs)
     for r in rows:
-        lw = r["load_warps"]
-        assert r["num_warps"] == 8 + lw + 4 * (r["store"] or r["acopy"]), r  # (WG_ACOPY: the A partition's 4)
+        lw, parts = r["load_warps"], r["parts"]
+        # (WG_ACOPY: the A partition's 4; WG_LOAD_PARTS: each load partition's lw, and its copies, decode and wait)
+        assert r["num_warps"] == 8 + lw * parts + 4 * (r["store"] or r["acopy"]), r
         assert r["launch_pdl"] and r["loads_before_wait"] == 0, r
         assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
@@ -154,12 +169,12 @@ def test_wgmma_renders_compile_for_sm90a():
         a_unroll = 1 if r["acopy"] else w  # (WG_ACOPY: the A partition's loop, step by step)
         a16 = r["block_m"] * 4 // (16 * lw) * a_unroll
         v16 = r["wv16"] and r["rk"] == 64 and w == 1
-        assert r["cp_async16"] == a16 + (slots * per_row * w // 2 if w > 1 or v16 else 0), r
-        assert r["cp_async8"] == (slots * per_row if w == 1 and not v16 else 0), r
-        assert r["cp_async_arrive"] == a_unroll, r
-        assert r["cp_async4"] == slots * per_row // 2 * max(w // 2, 1), r
-        assert r["wait_group"] == [str(r["wdepth"])], r
-        assert r["decode_muls"] == 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step of a slot unrolled)
+        assert r["cp_async16"] == parts * (a16 + (slots * per_row * w // 2 if w > 1 or v16 else 0)), r
+        assert r["cp_async8"] == parts * (slots * per_row if w == 1 and not v16 else 0), r
+        assert r["cp_async_arrive"] == parts * a_unroll, r
+        assert r["cp_async4"] == parts * slots * per_row // 2 * max(w // 2, 1), r
+        assert r["wait_group"] == [str(r["wdepth"])] * parts, r
+        assert r["decode_muls"] == parts * 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step unrolled)
         assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert (("inc", "56") in r["setmaxnreg"]) == r["acopy"], r  # (WG_ACOPY: the A partition's registers)
 
