@@ -34,6 +34,12 @@ TOKENS = 16384
 # (record label, render constants beside the node's, weights re-laid out): the default tiles on both layouts (the
 # runtime re-lays out at load on sm90), the transposed GEMMs (SWAP: dequantised weights as wgmma's register A
 # operand), alternatives to choose from, the sm100 path (emulated on sm_90)
+# the 256-row form with WG_HALF and stage 3's load partition on 8 warps (stage 4's on 4); with two load partitions
+# of 4 warps in stage 3 instead, a ring slot ahead each; ring slots of 4 K steps, a slot ahead (stage 4's 2)
+_LOAD8S3 = dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
+                WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96)
+_PARTS2 = dict(_LOAD8S3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_LOAD_WARPS=4, WG_LOAD_PARTS=2)
+_WSTEPS4 = dict(WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4)
 VARIANTS = (
     ("moe_nvfp4_prefill", {}, False),
     ("moe_nvfp4_prefill relaid", {}, True),
@@ -89,28 +95,22 @@ VARIANTS = (
           WG_LOAD_REGS=64), True),
     # ... on 8 load warps in stage 3 only (s31run1: stage 3 -3.8% with 8, stage 4 +11%)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3)",
-     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8,
-          WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+     _LOAD8S3, True),
     # ... with ring slots of 4 K steps, a slot ahead (stage 4's 2): the words' copies on whole 32-byte sectors, two
     # lanes a run (ncu s32run4: the 2-step runs' copies 32 wavefronts each, ideal 4; half of each sector used)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=4 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3)",
-     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4, WG_V16=True, WG_HALF=True,
-          WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+     dict(_LOAD8S3, **_WSTEPS4), True),
     # two load partitions of 4 warps on alternate 2-step runs (each one's bar.syncs its own; a ring slot ahead each),
     # and with the A rows as 32-bit offsets (the partitions spill ~60 / ~20 values each at 64 registers)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_PARTS=2 (stage 3)",
-     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
-          WG_LOAD_WARPS=4, WG_LOAD_REGS=64, WG_LOAD_PARTS=2, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+     _PARTS2, True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_PARTS=2 WG_A32 (stage 3)",
-     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
-          WG_LOAD_WARPS=4, WG_LOAD_REGS=64, WG_LOAD_PARTS=2, WG_A32=True, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+     dict(_PARTS2, WG_A32=True), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
-     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True, WG_AQ=True,
-          WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+     dict(_LOAD8S3, WG_AQ=True), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=4 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
-     dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4, WG_V16=True, WG_HALF=True,
-          WG_AQ=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96), True),
+     dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ",
      dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True), True),
     # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a row block instead of 5 (if stage 3 waits on the

@@ -29,6 +29,13 @@ from test_kernels_gemv import local_bytes
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=768, I=192, TOP_K=3),
           "tiny-tp1": dict(E=16, H=256, I=64, TOP_K=4)}
+# the 128-row form with WG_HALF; the 256-row one with stage 3's load partition on 8 warps (stage 4's on 4), and with
+# two load partitions of 4 warps in stage 3 (WG_LOAD_PARTS); ring slots of 4 K steps, a slot ahead (stage 4's 2)
+_HALF128 = dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True, WG_HALF=True)
+_LOAD8S3 = dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8,
+                WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96)
+_PARTS2 = dict(_LOAD8S3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_LOAD_WARPS=4, WG_LOAD_PARTS=2)
+_WSTEPS4 = dict(WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4)
 # the renders bench/moe_prefill.py times (tile forms of the WGMMA render)
 FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, WG_STAGES=3),
          "bn2-256": dict(WG_BN2=256, WG_STAGES=2), "bm256": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2),
@@ -45,42 +52,27 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # WG_HALF: the experts' last blocks on 64 rows (at most 64 real ones) or 128 (at most 128, BLOCK_M 256)
          "bm256-wsteps2-v16-half": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
                                         WG_HALF=True),
-         "acopy-hres-wsteps2-v16-half": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True, WG_HALF=True),
+         "acopy-hres-wsteps2-v16-half": _HALF128,
          # the 256-row form with a load partition of 8 warps (64 registers each: the MMA partition keeps its 128 of
          # accumulator): half the decode and copies a warp
          "bm256-wsteps2-v16-load8": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
                                          WG_LOAD_WARPS=8, WG_LOAD_REGS=64),
          # ... on 8 in stage 3 only (stage 4 slower with them, s31run1)
-         "bm256-wsteps2-v16-half-load8s3": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
-                                                WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4,
-                                                WG_LOAD_REGS4=96),
+         "bm256-wsteps2-v16-half-load8s3": _LOAD8S3,
          # ... with ring slots of 4 K steps (32-byte runs: the words' copies on whole sectors, two lanes a run), a
          # slot ahead (the same 4 K steps of look-ahead as 2 slots of 2; 197 KB), stage 4's ring 2 slots ahead still
-         "bm256-wsteps4-v16-half-load8s3": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4,
-                                                WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
-                                                WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96),
+         "bm256-wsteps4-v16-half-load8s3": dict(_LOAD8S3, **_WSTEPS4),
          # two load partitions of 4 warps in stage 3 (64 registers each), on alternate 2-step runs, a ring slot
          # ahead each (4 slots in all against 3)
-         "bm256-wsteps2-v16-half-parts2": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2,
-                                               WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=4, WG_LOAD_REGS=64,
-                                               WG_LOAD_PARTS=2, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96),
+         "bm256-wsteps2-v16-half-parts2": _PARTS2,
          # ... with the A rows as 32-bit offsets (16 registers a thread fewer: the partitions spill without)
-         "bm256-wsteps2-v16-half-parts2-a32": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=2,
-                                                   WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=4, WG_LOAD_REGS=64,
-                                                   WG_LOAD_PARTS=2, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_A32=True),
+         "bm256-wsteps2-v16-half-parts2-a32": dict(_PARTS2, WG_A32=True),
          # the emitter's 256-row form with the A rows as 32-bit offsets
-         "bm256-wsteps2-v16-half-load8s3-a32": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
-                                                    WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
-                                                    WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_A32=True),
+         "bm256-wsteps2-v16-half-load8s3-a32": dict(_LOAD8S3, WG_A32=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
-         "bm256-wsteps2-v16-half-load8s3-aq": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True,
-                                                   WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
-                                                   WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_AQ=True),
-         "bm256-wsteps4-v16-half-load8s3-aq": dict(BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4,
-                                                   WG_V16=True, WG_HALF=True, WG_LOAD_WARPS=8, WG_LOAD_REGS=64,
-                                                   WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_AQ=True),
-         "acopy-hres-wsteps2-v16-half-aq": dict(WG_ACOPY=True, WG_HRES=True, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
-                                                WG_AQ=True),
+         "bm256-wsteps2-v16-half-load8s3-aq": dict(_LOAD8S3, WG_AQ=True),
+         "bm256-wsteps4-v16-half-load8s3-aq": dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True),
+         "acopy-hres-wsteps2-v16-half-aq": dict(_HALF128, WG_AQ=True),
          # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a block instead of 5 (the A side's L2 traffic
          # -40% against the 256-row form), the decode per FLOP twice the 256-row form's; a ring slot ahead (217 KB)
          "bn128-wsteps2-v16-hres": dict(WG_BN=128, WG_STAGES=3, WG_WDEPTH=1, WG_WSTEPS=2, WG_V16=True, WG_HRES=True,
