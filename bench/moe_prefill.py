@@ -106,6 +106,10 @@ VARIANTS = (
      _PARTS2, True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_PARTS=2 WG_A32 (stage 3)",
      dict(_PARTS2, WG_A32=True), True),
+    # ... with stage 4's tiles stored by a partition of 4 warps through one 64 KB buffer (WG_STORE_BUFS 1), the next
+    # tile's MMAs going on meanwhile (K = I = 320: 5 K steps a tile, then the epilogue)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_STORE WG_STORE_BUFS=1 (stage 4 store)",
+     dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
      dict(_LOAD8S3, WG_AQ=True), True),
@@ -281,8 +285,8 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                                   DEQUANT_DOWN=mod.DEQUANT_DOWN, WGMMA=mod.WGMMA,
                                   **({k: getattr(mod, k) for k in ("WG_BN", "WG_BN2", "WG_NT2", "WG_STAGES",
                                                                     "WG_LOAD_WARPS", "WG_LOAD_REGS", "WG_STORE",
-                                                                    "WG_WDEPTH", "WG_HRES", "WG_ACOPY", "WG_WSTEPS",
-                                                                    "WG_V16")}
+                                                                    "WG_STORE_BUFS", "WG_WDEPTH", "WG_HRES",
+                                                                    "WG_ACOPY", "WG_WSTEPS", "WG_V16")}
                                      if mod.WGMMA else {})),
                        blocks=int(mod.sizes(tokens)["NB"]))
             assert rec["rel_err_vs_baseline"] < 1e-2, rec

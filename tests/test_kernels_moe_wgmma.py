@@ -69,6 +69,9 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "bm256-wsteps2-v16-half-parts2-a32": dict(_PARTS2, WG_A32=True),
          # the emitter's 256-row form with the A rows as 32-bit offsets
          "bm256-wsteps2-v16-half-load8s3-a32": dict(_LOAD8S3, WG_A32=True),
+         # ... with stage 4's tiles stored by a partition of their own through one 64 KB buffer (WG_STORE_BUFS 1:
+         # where the epilogue's layout change took its scratch), the next tile's MMAs going on meanwhile
+         "bm256-wsteps2-v16-half-load8s3-store1": dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
          "bm256-wsteps2-v16-half-load8s3-aq": dict(_LOAD8S3, WG_AQ=True),
          "bm256-wsteps4-v16-half-load8s3-aq": dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True),
