@@ -84,8 +84,8 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     ;;
   forms)  # the emitter's new forms (8 load warps in stage 3, WG_AQ in the 128-row form): graph replay, the runtime's
           # WGMMA test, and the prefill step of 2 x 2,048 tokens (the 128-row form) with / without WG_AQ
-    tests t-replay 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k wgmma_cuda_graph_replay
-    BEAMC_RUNTIME_STEPS=300 tests t-rt-wgmma 200 tests/gpu/test_runtime_gpu.py -k wgmma
+    tests t-replay 170 tests/gpu/test_kernels_moe_prefill_gpu.py -k wgmma_cuda_graph_replay
+    BEAMC_RUNTIME_STEPS=300 tests t-rt-wgmma 160 tests/gpu/test_runtime_gpu.py -k wgmma
     step variants-aq 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --batch 2 --tag=-s33-aq --variant noaq=form.bm128.WG_AQ=false
     ;;
   parts2)  # stage 3's two load partitions on alternate runs (WG_LOAD_PARTS 2, and with WG_A32), and stage 4's store
