@@ -110,6 +110,12 @@ VARIANTS = (
     # tile's MMAs going on meanwhile (K = I = 320: 5 K steps a tile, then the epilogue)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_STORE WG_STORE_BUFS=1 (stage 4 store)",
      dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1), True),
+    # ... with the A rows copied by a partition of 4 warps of their own (WG_ACOPY; its cp.async arrive tracks them
+    # only, not the weight words copied ahead), and with WG_AQ
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ACOPY (acopy256)",
+     dict(_LOAD8S3, WG_ACOPY=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ACOPY WG_AQ (acopy256)",
+     dict(_LOAD8S3, WG_ACOPY=True, WG_AQ=True), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
      dict(_LOAD8S3, WG_AQ=True), True),

@@ -72,6 +72,11 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # ... with stage 4's tiles stored by a partition of their own through one 64 KB buffer (WG_STORE_BUFS 1:
          # where the epilogue's layout change took its scratch), the next tile's MMAs going on meanwhile
          "bm256-wsteps2-v16-half-load8s3-store1": dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1),
+         # ... with the A rows copied by a partition of 4 warps of their own (WG_ACOPY: a stage's barrier no longer
+         # waits for the weight words the load partition copied ahead, each thread's cp.async arrive tracking all of
+         # its earlier copies), and with WG_AQ
+         "bm256-wsteps2-v16-half-load8s3-acopy": dict(_LOAD8S3, WG_ACOPY=True),
+         "bm256-wsteps2-v16-half-load8s3-acopy-aq": dict(_LOAD8S3, WG_ACOPY=True, WG_AQ=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
          "bm256-wsteps2-v16-half-load8s3-aq": dict(_LOAD8S3, WG_AQ=True),
          "bm256-wsteps4-v16-half-load8s3-aq": dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True),
@@ -162,7 +167,7 @@ def test_wgmma_renders_compile_for_sm90a():
         w, slots = r["wsteps"], r["wdepth"] + 1
         per_row = 4 * r["rows"] // (32 * lw)
         a_unroll = 1 if r["acopy"] else w  # (WG_ACOPY: the A partition's loop, step by step)
-        a16 = r["block_m"] * 4 // (16 * lw) * a_unroll
+        a16 = r["block_m"] * 4 // (16 * (4 if r["acopy"] else lw)) * a_unroll  # (WG_ACOPY: its 4 warps copy them)
         v16 = r["wv16"] and r["rk"] == 64 and w == 1
         assert r["cp_async16"] == parts * (a16 + (slots * per_row * w // 2 if w > 1 or v16 else 0)), r
         assert r["cp_async8"] == parts * (slots * per_row if w == 1 and not v16 else 0), r
