@@ -83,16 +83,16 @@ def register_beamc_attention() -> str:
     return "beamc_ref"
 
 
-def run_interpreted(argv: list[str], out: Path) -> dict:
+def run_interpreted(argv: list[str], out: Path, env: dict | None = None) -> dict:
     """`python argv...` in a process of its own with TRITON_INTERPRET=1 (Triton's CPU interpreter patches
-    triton.language and imports parts of triton lazily: it must not share a process with compiled kernels); returns
-    the JSON the child wrote to `out`."""
+    triton.language and imports parts of triton lazily: it must not share a process with compiled kernels), `env`
+    added to its environment; returns the JSON the child wrote to `out`."""
     import json
     import os
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, *argv], env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT,
+    r = subprocess.run([sys.executable, *argv], env={**os.environ, "TRITON_INTERPRET": "1", **(env or {})}, cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(Path(out).read_text())
@@ -115,11 +115,11 @@ def interpret_cases(out: str, cases, check) -> None:
     Path(out).write_text(json.dumps(results))
 
 
-def run_interpreted_main(module: str, out: Path) -> dict:
+def run_interpreted_main(module: str, out: Path, env: dict | None = None) -> dict:
     """run_interpreted for a test module that has `_interpreted_main(out)`."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
             f"import {module} as t; t._interpreted_main({str(out)!r})")
-    return run_interpreted(["-c", code], out)
+    return run_interpreted(["-c", code], out, env)
 
 
 def write_gpu_summary(summary: dict, name: str):
