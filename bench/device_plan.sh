@@ -91,9 +91,10 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
   parts2)  # stage 3's two load partitions on alternate runs (WG_LOAD_PARTS 2, and with WG_A32), stage 4's store
            # partition in the 256-row form (WG_STORE, one buffer), its A rows by a partition of their own (WG_ACOPY):
            # tests, then timings beside the emitter's form
-    tests t-parts2 280 tests/gpu/test_kernels_moe_prefill_gpu.py -k "parts2 or store1 or load8s3-acopy"
+    # (timings first: each variant's y is checked against the baseline's there too; the bitwise tests after)
     step moe-parts2 240 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),WG_LOAD_PARTS=2,(stage 4 store),(acopy256)'
+    tests t-parts2 270 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or load8s3-acopy or parts2"
     ;;
   half-step)  # the prefill step with WG_HALF in the emitter's forms, paired with the default package
     step variants-half 300 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s31 --variant half=moe_nvfp4_prefill.WG_HALF=true
