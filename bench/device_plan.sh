@@ -11,6 +11,7 @@
 #   bash bench/device_plan.sh forms          # the emitter's new forms: graph replay, runtime test, the step with / without WG_AQ
 #   bash bench/device_plan.sh parts2         # stage 3's two load partitions on alternate runs, stage 4's store
 #                                            # partition (256-row form): tests, timings
+#   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -45,7 +46,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -96,6 +97,10 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),WG_LOAD_PARTS=2,(stage 4 store),(acopy256)'
     tests t-parts2 270 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or load8s3-acopy or parts2"
     ;;
+  regs256)  # the 256-row form's store / A partitions with fewer registers (their MMA partitions not serialised)
+    step moe-regs256 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
+      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(regs256)'
+    ;;
   half-step)  # the prefill step with WG_HALF in the emitter's forms, paired with the default package
     step variants-half 300 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s31 --variant half=moe_nvfp4_prefill.WG_HALF=true
     ;;
@@ -118,7 +123,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

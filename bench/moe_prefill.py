@@ -116,6 +116,15 @@ VARIANTS = (
      dict(_LOAD8S3, WG_ACOPY=True), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ACOPY WG_AQ (acopy256)",
      dict(_LOAD8S3, WG_ACOPY=True, WG_AQ=True), True),
+    # (s33run1: the two forms above 1.7-3x slower: the MMA partition left with 144 registers, ptxas serialised its
+    # wgmma (a WARPGROUP.DEPBAR after every HGMMA). With the other partitions' registers lowered: the store partition
+    # on 64 (MMA 176), the A partition on 40 with 32-bit offsets beside 4 load warps (MMA 200) or 8 on 56 (MMA 160))
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_STORE WG_STORE_BUFS=1 WG_STORE_REGS=64 (regs256)",
+     dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1, WG_STORE_REGS=64), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 (regs256)",
+     dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_LOAD_REGS=56 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 (regs256)",
+     dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
      dict(_LOAD8S3, WG_AQ=True), True),
