@@ -24,7 +24,7 @@ from beamc.codegen.package import compile_package
 from beamc.errors import BeamcError
 from beamc.spec import load_spec
 from conftest import assert_template_contract
-from test_kernels_gemv import local_bytes
+from test_kernels_gemv import cuobjdump_text, local_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"full-tp8": dict(E=256, H=5120, I=320, TOP_K=8), "odd": dict(E=7, H=768, I=192, TOP_K=3),
@@ -69,14 +69,19 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "bm256-wsteps2-v16-half-parts2-a32": dict(_PARTS2, WG_A32=True),
          # the emitter's 256-row form with the A rows as 32-bit offsets
          "bm256-wsteps2-v16-half-load8s3-a32": dict(_LOAD8S3, WG_A32=True),
-         # ... with stage 4's tiles stored by a partition of their own through one 64 KB buffer (WG_STORE_BUFS 1:
-         # where the epilogue's layout change took its scratch), the next tile's MMAs going on meanwhile
-         "bm256-wsteps2-v16-half-load8s3-store1": dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1),
+         # ... with stage 4's tiles stored by a partition of their own (64 registers) through one 64 KB buffer
+         # (WG_STORE_BUFS 1: where the epilogue's layout change took its scratch), the next tile's MMAs going on
+         # meanwhile (with the store partition on 128 registers the MMA partition had 144 and ptxas serialised its
+         # wgmma: s33run1, 3x slower)
+         "bm256-wsteps2-v16-half-load8s3-store1": dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1, WG_STORE_REGS=64),
          # ... with the A rows copied by a partition of 4 warps of their own (WG_ACOPY: a stage's barrier no longer
          # waits for the weight words the load partition copied ahead, each thread's cp.async arrive tracking all of
-         # its earlier copies), and with WG_AQ
-         "bm256-wsteps2-v16-half-load8s3-acopy": dict(_LOAD8S3, WG_ACOPY=True),
-         "bm256-wsteps2-v16-half-load8s3-acopy-aq": dict(_LOAD8S3, WG_ACOPY=True, WG_AQ=True),
+         # its earlier copies), on 40 registers with 32-bit offsets, beside 8 load warps on 56 (MMA 160) or 4 (MMA
+         # 200); and with WG_AQ
+         "bm256-wsteps2-v16-half-load8s3-acopy": dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True, WG_ACOPY_REGS=40,
+                                                      WG_A32=True),
+         "bm256-wsteps2-v16-half-load4-acopy-aq": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40,
+                                                       WG_A32=True, WG_AQ=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
          "bm256-wsteps2-v16-half-load8s3-aq": dict(_LOAD8S3, WG_AQ=True),
          "bm256-wsteps4-v16-half-load8s3-aq": dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True),
@@ -109,6 +114,7 @@ def _compile(args) -> list[dict]:
             label=f"{label}/stage{stage}", stage=stage, shared=ck.metadata.shared,
             launch_pdl=bool(ck.metadata.launch_pdl),
             local=local_bytes(ck.asm["cubin"], Path(directory)), num_warps=ck.metadata.num_warps,
+            sass=_wgmma_sass(ck.asm["cubin"], Path(directory)),
             wgmma=re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.bf16\.bf16", ptx),
             cp_async16=len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10", ptx)),
             cp_async8=len(re.findall(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x8", ptx)),
@@ -122,9 +128,19 @@ def _compile(args) -> list[dict]:
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
             load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
+            acopy_regs=mod.WG_ACOPY_REGS,
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
     return out
+
+
+def _wgmma_sass(cubin: bytes, tmp: Path) -> dict | None:
+    """HGMMA and WARPGROUP.DEPBAR counts of a cubin's SASS (None without cuobjdump): ptxas serialises the wgmma
+    (a DEPBAR after every HGMMA, ptxas info C7512) where the MMA partition's registers cannot hold the pipeline."""
+    sass = cuobjdump_text(cubin, tmp)
+    if sass is None:
+        return None
+    return dict(hgmma=len(re.findall(r"\bHGMMA\.", sass)), depbar=len(re.findall(r"WARPGROUP\.DEPBAR", sass)))
 
 
 def test_wgmma_renders_compile_for_sm90a():
@@ -148,6 +164,8 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["launch_pdl"] and r["loads_before_wait"] == 0, r
         assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
+        # the wgmma not serialised (one stage in flight: a DEPBAR per loop, not per HGMMA)
+        assert r["sass"] is None or r["sass"]["depbar"] < r["sass"]["hgmma"], r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
         def loops(n):  # the full loop, and with WG_HALF the tail blocks' (64 rows: n halved a warpgroup; 128: m64 once)
             out = [f"m64n{n}k16"] * per_step
@@ -176,7 +194,7 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["wait_group"] == [str(r["wdepth"])] * parts, r
         assert r["decode_muls"] == parts * 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step unrolled)
         assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
-        assert (("inc", "56") in r["setmaxnreg"]) == r["acopy"], r  # (WG_ACOPY: the A partition's registers)
+        assert not r["acopy"] or ("inc", str(r["acopy_regs"])) in r["setmaxnreg"], r  # (the A partition's registers)
 
 
 def _words(codes, scales, rows, ks, K: int, RK: int, W: int = 1, v16: bool = False):

@@ -369,8 +369,8 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     # the 256-row form's A rows by a partition of their own (and only as far as the MMAs read them)
     ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3-acopy"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-acopy"),
-    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-acopy-aq"),
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-acopy-aq")])
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load4-acopy-aq"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-aq")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
