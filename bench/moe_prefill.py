@@ -107,18 +107,12 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_PARTS=2 WG_A32 (stage 3)",
      dict(_PARTS2, WG_A32=True), True),
     # ... with stage 4's tiles stored by a partition of 4 warps through one 64 KB buffer (WG_STORE_BUFS 1), the next
-    # tile's MMAs going on meanwhile (K = I = 320: 5 K steps a tile, then the epilogue)
-    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_STORE WG_STORE_BUFS=1 (stage 4 store)",
-     dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1), True),
-    # ... with the A rows copied by a partition of 4 warps of their own (WG_ACOPY; its cp.async arrive tracks them
-    # only, not the weight words copied ahead), and with WG_AQ
-    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ACOPY (acopy256)",
-     dict(_LOAD8S3, WG_ACOPY=True), True),
-    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ACOPY WG_AQ (acopy256)",
-     dict(_LOAD8S3, WG_ACOPY=True, WG_AQ=True), True),
-    # (s33run1: the two forms above 1.7-3x slower: the MMA partition left with 144 registers, ptxas serialised its
-    # wgmma (a WARPGROUP.DEPBAR after every HGMMA). With the other partitions' registers lowered: the store partition
-    # on 64 (MMA 176), the A partition on 40 with 32-bit offsets beside 4 load warps (MMA 200) or 8 on 56 (MMA 160))
+    # tile's MMAs going on meanwhile (K = I = 320: 5 K steps a tile, then the epilogue); with the A rows copied by a
+    # partition of their own (WG_ACOPY: its cp.async arrive tracks them only, not the weight words copied ahead).
+    # s33run1, with the store partition on 128 registers / the A partition on 56 beside 8 load warps: 5,926 / 7,508
+    # us against 3,349, the MMA partition left with 144 registers and its wgmma serialised by ptxas (a
+    # WARPGROUP.DEPBAR after every HGMMA; the template now refuses that). Here the store partition on 64 (MMA 176),
+    # the A partition on 40 with 32-bit offsets beside 4 load warps (MMA 200) or 8 on 56 (MMA 160)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_STORE WG_STORE_BUFS=1 WG_STORE_REGS=64 (regs256)",
      dict(_LOAD8S3, WG_STORE=True, WG_STORE_BUFS=1, WG_STORE_REGS=64), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 (regs256)",
