@@ -12,6 +12,7 @@
 #   bash bench/device_plan.sh parts2         # stage 3's two load partitions on alternate runs, stage 4's store
 #                                            # partition (256-row form): tests, timings
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
+#   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), then regs256
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -46,7 +47,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -97,6 +98,12 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),WG_LOAD_PARTS=2,(regs256)'
     tests t-parts2 270 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or half-load8s3-acopy or load4-acopy or parts2"
     ;;
+  fence)  # does the load partition's fence (MEMBAR.ALL.CTA) wait for its own cp.async copies in flight? (~20 s),
+          # then the regs256 timings
+    step fence-probe 60 python3 bench/fence_probe.py --out "$OUT"
+    step moe-regs256 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
+      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(regs256)'
+    ;;
   regs256)  # the 256-row form's store / A partitions with fewer registers (their MMA partitions not serialised)
     step moe-regs256 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(regs256)'
@@ -123,7 +130,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac
