@@ -128,7 +128,7 @@ def _compile(args) -> list[dict]:
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
             load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
-            acopy_regs=mod.WG_ACOPY_REGS,
+            acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage],
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
     return out
@@ -151,7 +151,7 @@ def test_wgmma_renders_compile_for_sm90a():
     decoded word (8 words a weight row a step, shared by the load warps), the output stored 16 bytes a thread (with
     WG_STORE by a store partition of 4 more warps in stage 4, the tile handed over by stmatrix; WG_HRES: stage 4's
     h rows resident, one buffer a K step); the load partition's registers given back to the MMA partition
-    (setmaxnreg)."""
+    (setmaxnreg: its share as the template's WG_MMA_REGS computes it), whose wgmma ptxas did not serialise."""
     jobs = [(s, _constants(s)) for s in SHAPES] + [(f"full-tp8-{f}", _constants("full-tp8", **kw))
                                                    for f, kw in FORMS.items() if kw]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -195,6 +195,7 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["decode_muls"] == parts * 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step unrolled)
         assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert not r["acopy"] or ("inc", str(r["acopy_regs"])) in r["setmaxnreg"], r  # (the A partition's registers)
+        assert ("dec", str(r["mma_regs"])) in r["setmaxnreg"], r  # (the MMA partition's, as the template computes)
 
 
 def _words(codes, scales, rows, ks, K: int, RK: int, W: int = 1, v16: bool = False):
