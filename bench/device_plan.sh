@@ -96,7 +96,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     # (timings first: each variant's y is checked against the baseline's there too; the bitwise tests after)
     step moe-parts2 240 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),WG_LOAD_PARTS=2,(regs256)'
-    tests t-parts2 270 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or half-load8s3-acopy or load4-acopy or parts2"
+    tests t-parts2 270 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or half-load8s3-acopy or load4-acopy or atma or parts2"
     ;;
   fence)  # does the load partition's fence (MEMBAR.ALL.CTA) wait for its own cp.async copies in flight? (~20 s),
           # then the regs256 timings

@@ -119,6 +119,12 @@ VARIANTS = (
      dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_LOAD_REGS=56 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 (regs256)",
      dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True), True),
+    # ... with stage 4's A rows (h's sorted rows) by one TMA copy a step instead of 16 cp.async a load thread (WG_ATMA),
+    # and with the store partition too
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ATMA (regs256)",
+     dict(_LOAD8S3, WG_ATMA=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ATMA WG_STORE WG_STORE_BUFS=1 WG_STORE_REGS=64 (regs256)",
+     dict(_LOAD8S3, WG_ATMA=True, WG_STORE=True, WG_STORE_BUFS=1, WG_STORE_REGS=64), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
      dict(_LOAD8S3, WG_AQ=True), True),

@@ -82,6 +82,10 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
                                                       WG_A32=True),
          "bm256-wsteps2-v16-half-load4-acopy-aq": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40,
                                                        WG_A32=True, WG_AQ=True),
+         # ... with stage 4's A rows (h, sorted rows) by one TMA copy a step (WG_ATMA), and with the store partition
+         "bm256-wsteps2-v16-half-load8s3-atma": dict(_LOAD8S3, WG_ATMA=True),
+         "bm256-wsteps2-v16-half-load8s3-atma-store1": dict(_LOAD8S3, WG_ATMA=True, WG_STORE=True, WG_STORE_BUFS=1,
+                                                            WG_STORE_REGS=64),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
          "bm256-wsteps2-v16-half-load8s3-aq": dict(_LOAD8S3, WG_AQ=True),
          "bm256-wsteps4-v16-half-load8s3-aq": dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True),
@@ -128,7 +132,8 @@ def _compile(args) -> list[dict]:
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
             load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
-            acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage],
+            acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage], atma=mod.WG_ATMA and stage == 4,
+            tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
     return out
@@ -186,6 +191,9 @@ def test_wgmma_renders_compile_for_sm90a():
         per_row = 4 * r["rows"] // (32 * lw)
         a_unroll = 1 if r["acopy"] else w  # (WG_ACOPY: the A partition's loop, step by step)
         a16 = r["block_m"] * 4 // (16 * (4 if r["acopy"] else lw)) * a_unroll  # (WG_ACOPY: its 4 warps copy them)
+        if r["atma"]:  # (WG_ATMA: stage 4's A rows by one TMA copy a step, its bytes expected on the stage's barrier)
+            a16, a_unroll = 0, 0
+            assert r["tma"] == r["expect_tx"] == 1, r
         v16 = r["wv16"] and r["rk"] == 64 and w == 1
         assert r["cp_async16"] == parts * (a16 + (slots * per_row * w // 2 if w > 1 or v16 else 0)), r
         assert r["cp_async8"] == parts * (slots * per_row if w == 1 and not v16 else 0), r

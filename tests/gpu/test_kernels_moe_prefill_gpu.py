@@ -370,7 +370,12 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3-acopy"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-acopy"),
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load4-acopy-aq"),
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-aq")])
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-aq"),
+    # stage 4's A rows by TMA (every block a tail at 1,000 tokens: padding rows read from h, never stored)
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-atma"),
+    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3-atma"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-atma"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-atma-store1")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
