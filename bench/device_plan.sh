@@ -13,6 +13,7 @@
 #                                            # partition (256-row form): tests, timings
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
 #   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), then regs256
+#                                            # and its forms' GPU tests
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -103,6 +104,8 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step fence-probe 60 python3 bench/fence_probe.py --out "$OUT"
     step moe-regs256 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(regs256)'
+    # the new forms' GPU cases (bitwise against their forms without WG_HALF), while the machine is held
+    tests t-regs256 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or half-load8s3-acopy or load4-acopy or atma"
     ;;
   regs256)  # the 256-row form's store / A partitions with fewer registers (their MMA partitions not serialised)
     step moe-regs256 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
