@@ -11,6 +11,7 @@
 #   bash bench/device_plan.sh forms          # the emitter's new forms: graph replay, runtime test, the step with / without WG_AQ
 #   bash bench/device_plan.sh parts2         # stage 3's two load partitions on alternate runs, stage 4's store
 #                                            # partition (256-row form): tests, timings
+#   bash bench/device_plan.sh wtma           # stage 3's words by TMA boxes: GPU tests, then timings
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
 #   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), then regs256
 #                                            # and its forms' GPU tests
@@ -48,7 +49,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, wtma, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -107,6 +108,11 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     # the new forms' GPU cases (bitwise against their forms without WG_HALF), while the machine is held
     tests t-regs256 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or half-load8s3-acopy or load4-acopy or atma"
     ;;
+  wtma)  # stage 3's words by TMA (WG_WTMA; the fence probe's answer decides how much it can give): tests, timings
+    tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma"
+    step moe-wtma 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
+      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(wtma)'
+    ;;
   regs256)  # the 256-row form's store / A partitions with fewer registers (their MMA partitions not serialised)
     step moe-regs256 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(regs256)'
@@ -133,7 +139,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, wtma, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -125,6 +125,12 @@ VARIANTS = (
      dict(_LOAD8S3, WG_ATMA=True), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ATMA WG_STORE WG_STORE_BUFS=1 WG_STORE_REGS=64 (regs256)",
      dict(_LOAD8S3, WG_ATMA=True, WG_STORE=True, WG_STORE_BUFS=1, WG_STORE_REGS=64), True),
+    # ... with stage 3's words and scale bytes by TMA boxes (WG_WTMA: no word copies, no address arithmetic in the
+    # load partition), and with the A rows by the A partition too (no cp.async left in the fencing threads)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA (wtma)",
+     dict(_LOAD8S3, WG_WTMA=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_LOAD_REGS=56 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA (wtma)",
+     dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
      dict(_LOAD8S3, WG_AQ=True), True),

@@ -86,6 +86,11 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          "bm256-wsteps2-v16-half-load8s3-atma": dict(_LOAD8S3, WG_ATMA=True),
          "bm256-wsteps2-v16-half-load8s3-atma-store1": dict(_LOAD8S3, WG_ATMA=True, WG_STORE=True, WG_STORE_BUFS=1,
                                                             WG_STORE_REGS=64),
+         # ... with stage 3's weight words and scale bytes by TMA boxes (WG_WTMA), and with the A rows by the A
+         # partition too (no cp.async left in the load partition, whose fence may wait for its copies in flight)
+         "bm256-wsteps2-v16-half-load8s3-wtma": dict(_LOAD8S3, WG_WTMA=True),
+         "bm256-wsteps2-v16-half-load8s3-wtma-acopy": dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True,
+                                                           WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
          "bm256-wsteps2-v16-half-load8s3-aq": dict(_LOAD8S3, WG_AQ=True),
          "bm256-wsteps4-v16-half-load8s3-aq": dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True),
@@ -133,6 +138,7 @@ def _compile(args) -> list[dict]:
             load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
             load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
             acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage], atma=mod.WG_ATMA and stage == 4,
+            wtma=mod.WG_WTMA and stage == 3, ksteps=(mod.H if stage == 3 else mod.I) // 64,
             tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
@@ -194,12 +200,20 @@ def test_wgmma_renders_compile_for_sm90a():
         if r["atma"]:  # (WG_ATMA: stage 4's A rows by one TMA copy a step, its bytes expected on the stage's barrier)
             a16, a_unroll = 0, 0
             assert r["tma"] == r["expect_tx"] == 1, r
+        if r["wtma"]:  # (WG_WTMA: a run's words by one TMA box, with the scale bytes' box at each 256 values of K: in
+            # the prologue's runs as the K offset decides, in the loop under a branch; no word copy, no wait_group)
+            first = [s for s in range(r["wdepth"]) if s < r["ksteps"] // w]
+            assert r["expect_tx"] == len(first) + 2, r
+            assert r["tma"] == sum(1 + (s * w * 64 % 256 == 0) for s in first) + 2, r
+            slots = per_row = 0
+        else:
+            assert r["atma"] or r["tma"] == r["expect_tx"] == 0, r
         v16 = r["wv16"] and r["rk"] == 64 and w == 1
         assert r["cp_async16"] == parts * (a16 + (slots * per_row * w // 2 if w > 1 or v16 else 0)), r
         assert r["cp_async8"] == parts * (slots * per_row if w == 1 and not v16 else 0), r
         assert r["cp_async_arrive"] == parts * a_unroll, r
         assert r["cp_async4"] == parts * slots * per_row // 2 * max(w // 2, 1), r
-        assert r["wait_group"] == [str(r["wdepth"])] * parts, r
+        assert r["wait_group"] == ([] if r["wtma"] else [str(r["wdepth"])] * parts), r
         assert r["decode_muls"] == parts * 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step unrolled)
         assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert not r["acopy"] or ("inc", str(r["acopy_regs"])) in r["setmaxnreg"], r  # (the A partition's registers)
@@ -287,6 +301,70 @@ def test_decoded_tiles_meet_the_relayout_and_the_a_rows(shape):
                     assert torch.equal(tile, want[:, 64 * ks:64 * ks + 64]), (shape, K, ks, W, v16)
 
 
+def _tma_box(t: torch.Tensor, shape, strides, box, coord) -> torch.Tensor:
+    """What a TMA copy of a tiled tensor map writes to shared memory: the box (dims outermost first) from coord on,
+    row-major, elements of t's storage at offset sum((coord + i) stride) per dim, zeros where a coordinate is past
+    its dim's extent."""
+    grids = torch.meshgrid(*[torch.arange(b) + c for b, c in zip(box, coord)], indexing="ij")
+    inside = torch.ones(box, dtype=torch.bool)
+    off = torch.zeros(box, dtype=torch.int64)
+    for g, n, st in zip(grids, shape, strides):
+        inside &= g < n
+        off += g.clamp(max=n - 1) * st
+    return torch.where(inside, t.reshape(-1)[off], torch.zeros((), dtype=t.dtype))
+
+
+# (E, H, I) with relayout chunks RK0 of 256 (the full spec's TP-8 rank) and 128, I not a multiple of the tile
+WTMA_SHAPES = {"full-tp8": (6, 5120, 320), "rk128": (5, 512, 192)}
+
+
+@pytest.mark.parametrize("shape", sorted(WTMA_SHAPES))
+def test_word_boxes_of_wtma_hold_what_the_copies_did(shape):
+    """WG_WTMA (stage 3's words and scale bytes by TMA): with the launcher's views (`wtma_views`) and the kernel's
+    box coordinates (`_wg_word_tma`: [e, 0, c0, 0, base_w] for a run's words, [e, c0, 0, 16 (k0 // 256)] for the
+    scale bytes of 256 values), the ring slot read as the cp.async ring ([c][row][word] -> [row, c // 2, c % 2,
+    word]) and the scale word picked as `_wg_ring_words` does with TMA, every K step of every tile gives the words
+    and scale bytes the cp.async copies gave (`_words`), and zeros for rows past I."""
+    from test_kernels_moe import nvfp4_experts
+
+    E, H, I = WTMA_SHAPES[shape]
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", dict(DTYPE="bf16", E=E, H=H, I=I, TOP_K=2)),
+                         None)
+    codes, scales = decode.relayout(nvfp4_experts(E, H, I, torch.Generator().manual_seed(5)))[:2]
+    for W in (2, 4):
+        mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", dict(
+            DTYPE="bf16", WGMMA=True, E=E, H=H, I=I, TOP_K=2, WG_WSTEPS=W, WG_WDEPTH=2, WG_WTMA=True)), None)
+        RK, BN = mod.RK0, mod.WG_BN
+        if mod.WG_WSTEPS != W:  # (W 4 needs RK0 256)
+            assert RK < 64 * W
+            continue
+        (cs, cst), (ss, sst) = mod.wtma_views(codes, scales)
+        NG = RK // 32
+        for e in (0, E - 1):
+            for c0 in range(0, I, BN):
+                m = torch.arange(2 * BN)
+                real = c0 + m // 2 < I
+                rows = e * 2 * I + (m % 2) * I + (c0 + m // 2).clamp(max=I - 1)  # (tile row 2 j + g)
+                for run in range(H // 64 // W):
+                    k0 = run * W * 64
+                    base_w = (k0 // RK) * (RK // 8) + (k0 % RK) // 32
+                    slot = _tma_box(codes, cs, cst, mod.WG_WC_BOX, [e, 0, c0, 0, base_w])  # [1, c, j, g, word]
+                    ring = slot.reshape(4, 2 * BN, 2 * W).permute(1, 0, 2).reshape(2 * BN, 2, 2, 2 * W)
+                    unit = _tma_box(scales, ss, sst, mod.WG_WS_BOX, [e, c0, 0, (k0 // 256) * 16])
+                    swords = unit.reshape(2 * BN, 16).contiguous().view(torch.int32)  # [row, 4 words]
+                    base_s = (k0 // RK) * (RK // 16) + (k0 % RK) // 32
+                    assert not ring[~real].any() and not swords[~real].any()
+                    for sub in range(W):
+                        want_w, want_s = _words(codes, scales, rows, run * W + sub, H, RK, W)
+                        words = ring[..., 2 * sub:2 * sub + 2]
+                        pick = (base_s % 16) // 4 + torch.arange(2) * (NG // 4) + sub // 2  # [c // 2]
+                        sw = swords[:, pick].to(torch.int64) & 0xFFFFFFFF
+                        shift = (2 * (sub % 2) + torch.arange(2)) * 8  # [G']
+                        sb = sw[:, :, None] >> shift[None, None] & 0xFF
+                        assert torch.equal(words[real], want_w[real]), (shape, W, e, c0, run, sub)
+                        assert torch.equal(sb[real], want_s[real]), (shape, W, e, c0, run, sub)
+
+
 def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     """K steps of 64 values must lie within the relayout's chunks: the tiny spec's TP-2 experts (I 32) are refused
     with the reason when WGMMA is pinned (`--set`), before anything runs; WG_WSTEPS falls back to what the chunks
@@ -304,6 +382,10 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     assert (odd.RK0, odd.WG_WSTEPS, full.RK0, full.WG_WSTEPS) == (64, 1, 256, 4)
     with pytest.raises(Exception, match="WG_WSTEPS 1, 2 or 4"):
         load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", _constants("full-tp8", WG_WSTEPS=3)), None)
+    # WG_WTMA: 16-byte boxes need runs of 2 or 4 K steps and relayout chunks of >= 128 (the odd shape's RK0 is 64)
+    for bad in (_constants("odd", WG_WSTEPS=2, WG_WTMA=True), _constants("full-tp8", WG_WTMA=True)):
+        with pytest.raises(Exception, match="WG_WTMA"):
+            load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", bad), None)
     mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", dict(_constants("full-tp8"), PDL=True)), None)
     assert_template_contract(mod)  # (with the second kernel's option sets)
     assert list(mod.SIGNATURE_WG) == mod.wg_kernel.arg_names and mod.DEQUANT is False and mod.BLOCK_M == 128
@@ -391,6 +473,26 @@ def test_launcher_runs_the_sort_then_the_gluon_stages_on_relaid_weights():
             assert kw["enable_fp_fusion"] is False and "fn" not in kw
             assert {n for n, t in mod.SIGNATURE_WG.items() if t == "constexpr"} == {
                 n for n in kw if n not in ("num_warps", "launch_pdl", "enable_fp_fusion", "enable_reflect_ftz")}
+    # WG_WTMA: stage 3's two tensor maps of the re-laid-out gate_up weights (`wtma_views`), built here on the CPU
+    E, H, I = WTMA_SHAPES["rk128"]
+    mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", dict(
+        DTYPE="bf16", WGMMA=True, E=E, H=H, I=I, TOP_K=k, WG_WSTEPS=2, WG_WTMA=True)), None)
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", dict(DTYPE="bf16", E=E, H=H, I=I, TOP_K=k)),
+                         None)
+    weights = decode.relayout(nvfp4_experts(E, H, I, torch.Generator().manual_seed(1)))
+    log = []
+    mod.kernel, mod.wg_kernel = _Recorder("kernel", log), _Recorder("wg_kernel", log)
+    x, idx = torch.zeros(T, H, dtype=torch.bfloat16), torch.randint(0, E, (T, k))
+    mod.launch(x, idx, *weights, torch.empty(T, k, H, dtype=torch.bfloat16),
+               torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16))
+    assert [n for n, *_ in log] == ["kernel"] * 3 + ["wg_kernel"] * 2 and list(mod.SIGNATURE_WG)[10:12] == [
+        "wc_desc", "ws_desc"]
+    wc, ws = log[3][2][10:12]
+    assert wc.base is weights[0] and ws.base is weights[1]
+    assert (wc.shape, wc.strides) == (list(mod.wtma_views(*weights[:2])[0][0]), list(mod.wtma_views(*weights[:2])[0][1]))
+    assert wc.shape == [E, 4, I, 2, H // 8] and wc.strides == [2 * I * H // 8, mod.RK0 // 32, H // 8, I * H // 8, 1]
+    assert ws.shape == [E, I, 2, H // 16] and ws.block_shape == [1, mod.WG_BN, 2, 16] and wc.block_shape == [
+        1, 4, mod.WG_BN, 2, 4]
 
 
 def test_the_emitters_forms_are_forms_tested_here():

@@ -47,6 +47,7 @@ SHAPES = {
     "odd-e7": dict(E=7, H=320, I=96, TOP_K=4),
     "odd-relaid": dict(E=7, H=384, I=96, TOP_K=4),  # (relayout needs H % 128 == 0 and I % 32 == 0)
     "odd-wg": dict(E=7, H=768, I=192, TOP_K=3),  # (WGMMA: K steps of 64 within the relayout's chunks of 64 / 64)
+    "odd-rk128": dict(E=5, H=512, I=192, TOP_K=3),  # (WG_WTMA with relayout chunks RK0 of 128)
 }
 
 
@@ -375,7 +376,13 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-atma"),
     ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3-atma"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-atma"),
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-atma-store1")])
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-atma-store1"),
+    # stage 3's words and scale bytes by TMA boxes (bitwise equal to the form without WG_WTMA), with the A partition
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma"),
+    ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma"),
+    ("tp8", 4096, "one", "bm256-wsteps2-v16-half-load8s3-wtma"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-acopy")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -410,6 +417,10 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
         full = {k: v for k, v in WG_FORMS[form].items() if k not in ("WG_HALF", "WG_AQ")}
         line["bitwise_equal_without_half"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
                                                                                **full), relaid, x, idx)))
+    if mod.WG_WTMA:  # the words' TMA boxes give the tiles the cp.async copies give
+        copies = {k: v for k, v in WG_FORMS[form].items() if k != "WG_WTMA"}
+        line["bitwise_equal_without_wtma"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
+                                                                               **copies), relaid, x, idx)))
     if form.startswith("bm256-wsteps4"):  # the words' copies in runs of 4 steps give the tiles runs of 2 give
         two = dict(WG_FORMS[form], WG_WSTEPS=2, WG_WDEPTH=2)
         line["bitwise_equal_wsteps2"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **two),
@@ -422,6 +433,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line["rel_err_fp32_ref"] < 1e-2 and line["worst_row_rel_err"] < 3e-2, line
     assert line["rel_err_default_render"] < 5e-3 and line.get("modelopt_rel_err_fp32_ref", 0) < 1e-2, line
     assert line.get("bitwise_equal_without_half", True) and line.get("bitwise_equal_wsteps2", True), line
+    assert line.get("bitwise_equal_without_wtma", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
