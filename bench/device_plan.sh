@@ -13,8 +13,8 @@
 #                                            # partition (256-row form): tests, timings
 #   bash bench/device_plan.sh wtma           # stage 3's words by TMA boxes: GPU tests, then timings
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
-#   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), then regs256
-#                                            # and its forms' GPU tests
+#   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), the WG_WTMA
+#                                            # GPU tests, then timings with the WTMA and regs256 forms
 #   bash bench/device_plan.sh moe-ncu        # the WGMMA MoE's stall profile per SASS instruction (ncu)
 #   bash bench/device_plan.sh persist        # the one-launch decode MoE: its GPU kernel tests and runtime test
 #   bash bench/device_plan.sh persist-step   # ... its forms in the decode step, paired
@@ -101,12 +101,13 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     tests t-parts2 270 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or half-load8s3-acopy or load4-acopy or atma or parts2"
     ;;
   fence)  # does the load partition's fence (MEMBAR.ALL.CTA) wait for its own cp.async copies in flight? (~20 s),
-          # then the regs256 timings
+          # then WG_WTMA's tests and the 16,384-token timings
     step fence-probe 60 python3 bench/fence_probe.py --out "$OUT"
-    step moe-regs256 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
-      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(regs256)'
-    # the new forms' GPU cases (bitwise against their forms without WG_HALF), while the machine is held
-    tests t-regs256 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "store1 or half-load8s3-acopy or load4-acopy or atma"
+    # stage 3's words by TMA (WG_WTMA) first: its GPU cases (bitwise against the form without it), then the timings
+    # of the emitter's form beside the WTMA and register-split forms
+    tests t-wtma 190 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma"
+    step moe-regs256 270 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
+      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(wtma),(regs256)'
     ;;
   wtma)  # stage 3's words by TMA (WG_WTMA; the fence probe's answer decides how much it can give): tests, timings
     tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma"
