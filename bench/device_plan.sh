@@ -103,14 +103,14 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
   fence)  # does the load partition's fence (MEMBAR.ALL.CTA) wait for its own cp.async copies in flight? (~20 s),
           # then WG_WTMA's tests and the 16,384-token timings
     step fence-probe 60 python3 bench/fence_probe.py --out "$OUT"
-    # stage 3's words by TMA (WG_WTMA) first: its GPU cases (bitwise against the form without it), then the timings
-    # of the emitter's form beside the WTMA and register-split forms
-    tests t-wtma 190 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma"
+    # the timings of the emitter's form beside the WTMA / ALATE and register-split forms, then the first two's GPU
+    # cases (bitwise against the forms without them)
     step moe-regs256 270 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(wtma),(regs256)'
+    tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma or alate"
     ;;
   wtma)  # stage 3's words by TMA (WG_WTMA; the fence probe's answer decides how much it can give): tests, timings
-    tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma"
+    tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma or alate"
     step moe-wtma 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(wtma)'
     ;;

@@ -106,6 +106,17 @@ VARIANTS = (
      _PARTS2, True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_PARTS=2 WG_A32 (stage 3)",
      dict(_PARTS2, WG_A32=True), True),
+    # ... with stage 3's words and scale bytes by TMA boxes (WG_WTMA: no word copies, no address arithmetic in the
+    # load partition), and with the A rows by the A partition too (no cp.async left in the fencing threads)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA (wtma)",
+     dict(_LOAD8S3, WG_WTMA=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_LOAD_REGS=56 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA (wtma)",
+     dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True), True),
+    # ... with the load partition's A-row copies of a step after its fence (WG_ALATE), alone and with WG_WTMA
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ALATE (wtma)",
+     dict(_LOAD8S3, WG_ALATE=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA WG_ALATE (wtma)",
+     dict(_LOAD8S3, WG_WTMA=True, WG_ALATE=True), True),
     # ... with stage 4's tiles stored by a partition of 4 warps through one 64 KB buffer (WG_STORE_BUFS 1), the next
     # tile's MMAs going on meanwhile (K = I = 320: 5 K steps a tile, then the epilogue); with the A rows copied by a
     # partition of their own (WG_ACOPY: its cp.async arrive tracks them only, not the weight words copied ahead).
@@ -125,12 +136,6 @@ VARIANTS = (
      dict(_LOAD8S3, WG_ATMA=True), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ATMA WG_STORE WG_STORE_BUFS=1 WG_STORE_REGS=64 (regs256)",
      dict(_LOAD8S3, WG_ATMA=True, WG_STORE=True, WG_STORE_BUFS=1, WG_STORE_REGS=64), True),
-    # ... with stage 3's words and scale bytes by TMA boxes (WG_WTMA: no word copies, no address arithmetic in the
-    # load partition), and with the A rows by the A partition too (no cp.async left in the fencing threads)
-    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA (wtma)",
-     dict(_LOAD8S3, WG_WTMA=True), True),
-    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_LOAD_REGS=56 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA (wtma)",
-     dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True), True),
     # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (an expert's last block: 64-row quarters)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_AQ WG_LOAD_WARPS=8 (stage 3)",
      dict(_LOAD8S3, WG_AQ=True), True),

@@ -382,7 +382,12 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma"),
     ("tp8", 4096, "one", "bm256-wsteps2-v16-half-load8s3-wtma"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma"),
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-acopy")])
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-acopy"),
+    # the A-row copies after the fence (bitwise equal to the form without WG_HALF), with WG_WTMA
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-alate"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-alate"),
+    ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-alate"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-alate")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
