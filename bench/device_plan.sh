@@ -12,6 +12,8 @@
 #   bash bench/device_plan.sh parts2         # stage 3's two load partitions on alternate runs, stage 4's store
 #                                            # partition (256-row form): tests, timings
 #   bash bench/device_plan.sh wtma           # stage 3's words by TMA boxes: GPU tests, then timings
+#   bash bench/device_plan.sh wtma-step      # ... the prefill step with them (and WG_ALATE)
+#   bash bench/device_plan.sh slide-tiles    # the sliding layers' Triton prefill pass at other tiles
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
 #   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), the WG_WTMA
 #                                            # GPU tests, then timings with the WTMA and regs256 forms
@@ -49,7 +51,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, wtma, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -109,6 +111,16 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(wtma),(regs256)'
     tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma or alate"
     ;;
+  slide-tiles)  # the sliding layers' Triton prefill pass (F16_DOT, the model's) at other tiles: 2 stages (room for two
+    # programs an SM), 64-row tiles on 4 warps, 32-key blocks, 256-row tiles (~10 key blocks a tile: its prologue and
+    # epilogue weigh, s30run1)
+    step slide-tiles 200 python3 bench/attention_prefill.py --out "$OUT" --cases sliding:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"F16_DOT": true, "NUM_STAGES": 2}, {"F16_DOT": true, "BLOCK_M": 64, "NUM_WARPS": 4}, {"F16_DOT": true, "BLOCK_M": 64, "NUM_WARPS": 4, "NUM_STAGES": 2}, {"F16_DOT": true, "BLOCK_N": 32}, {"F16_DOT": true, "BLOCK_M": 256, "NUM_WARPS": 8, "NUM_STAGES": 2}, {"F16_DOT": true, "NUM_WARPS": 4}]'
+    ;;
+  wtma-step)  # the prefill step (8 x 2,048 tokens over 100K) with WG_WTMA in both forms, and with WG_ALATE too
+    step variants-wtma 420 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s34-wtma \
+      --variant wtma=form.bm256.WG_WTMA=true,form.bm128.WG_WTMA=true \
+      --variant wtma-alate=form.bm256.WG_WTMA=true,form.bm128.WG_WTMA=true,form.bm256.WG_ALATE=true
+    ;;
   wtma)  # stage 3's words by TMA (WG_WTMA; the fence probe's answer decides how much it can give): tests, timings
     tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma or alate"
     step moe-wtma 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
@@ -140,7 +152,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, wtma, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -94,6 +94,8 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # ... with the load partition's A-row copies issued after its fence (WG_ALATE), alone and with WG_WTMA
          "bm256-wsteps2-v16-half-load8s3-alate": dict(_LOAD8S3, WG_ALATE=True),
          "bm256-wsteps2-v16-half-load8s3-wtma-alate": dict(_LOAD8S3, WG_WTMA=True, WG_ALATE=True),
+         # ... and the emitter's 128-row form with WG_WTMA (its A rows already by the A partition)
+         "acopy-hres-wsteps2-v16-half-aq-wtma": dict(_HALF128, WG_AQ=True, WG_WTMA=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
          "bm256-wsteps2-v16-half-load8s3-aq": dict(_LOAD8S3, WG_AQ=True),
          "bm256-wsteps4-v16-half-load8s3-aq": dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True),
