@@ -112,6 +112,12 @@ VARIANTS = (
      dict(_LOAD8S3, WG_WTMA=True), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_LOAD_REGS=56 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA (wtma)",
      dict(_LOAD8S3, WG_LOAD_REGS=56, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True), True),
+    # ... with stage 4's A rows by TMA too (s34run1: WG_WTMA -5.0%, WG_ATMA -3.9% alone), and WG_WTMA beside the A
+    # partition with 4 load warps (s34run1: that form -3.8% alone)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA WG_ATMA (wtma2)",
+     dict(_LOAD8S3, WG_WTMA=True, WG_ATMA=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA (wtma2)",
+     dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True), True),
     # ... with the load partition's A-row copies of a step after its fence (WG_ALATE), alone and with WG_WTMA
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ALATE (wtma)",
      dict(_LOAD8S3, WG_ALATE=True), True),

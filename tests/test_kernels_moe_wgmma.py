@@ -94,6 +94,11 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # ... with the load partition's A-row copies issued after its fence (WG_ALATE), alone and with WG_WTMA
          "bm256-wsteps2-v16-half-load8s3-alate": dict(_LOAD8S3, WG_ALATE=True),
          "bm256-wsteps2-v16-half-load8s3-wtma-alate": dict(_LOAD8S3, WG_WTMA=True, WG_ALATE=True),
+         # ... with stage 4's A rows by TMA too (WG_ATMA: s34run1 -3.9% alone, WG_WTMA -5.0%), and with the A rows by
+         # the A partition beside 4 load warps instead (WG_ACOPY on 40 registers: s34run1 -3.8% alone)
+         "bm256-wsteps2-v16-half-load8s3-wtma-atma": dict(_LOAD8S3, WG_WTMA=True, WG_ATMA=True),
+         "bm256-wsteps2-v16-half-load4-acopy-wtma": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40,
+                                                        WG_A32=True, WG_WTMA=True),
          # ... and the emitter's 128-row form with WG_WTMA (its A rows already by the A partition)
          "acopy-hres-wsteps2-v16-half-aq-wtma": dict(_HALF128, WG_AQ=True, WG_WTMA=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)

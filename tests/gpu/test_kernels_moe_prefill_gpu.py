@@ -388,7 +388,13 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-alate"),
     ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-alate"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-alate"),
-    ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-wtma")])
+    ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-wtma"),
+    # both stages' TMA forms together, and WG_WTMA beside the A partition (4 load warps)
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma"),
+    ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-atma"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma"),
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
