@@ -15,7 +15,8 @@ and with a st.shared before it (the decode's stores).
 
 Rows (cycles, median over the threads of each thread's mean over repetitions 1 ..): `issue` (clock before / after the copy's issue), `fence` (around
 the fence; `worst`: each program's slowest thread, median over programs), `wait` (around cp.async.wait_group 0 after
-it; mode 5, a TMA copy issued by one elected thread: the wait on its mbarrier). If `fence` with a copy in flight is near the copy's own
+it; mode 5, a TMA copy issued by one elected thread: the wait on its mbarrier; mode 6, an async wgmma: the
+warpgroup wait). If `fence` with a copy in flight is near the copy's own
 latency (the `wait` row with the fence first, or `fence` + `wait`), the fence waits for the copy.
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ from pathlib import Path
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +39,8 @@ _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_glo
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # (mode, what precedes the fence)
 MODES = {0: "nothing in flight", 1: "cp.async from DRAM in flight", 2: "cp.async from L2 in flight",
-         3: "cp.async landed (waited first)", 4: "st.shared before it", 5: "TMA copy from DRAM in flight"}
+         3: "cp.async landed (waited first)", 4: "st.shared before it", 5: "TMA copy from DRAM in flight",
+         6: "wgmma in flight (64x128x64)"}
 REPS = 16
 LINE = 128 * 16  # the bytes one program's copy reads (128 threads x 16 bytes)
 _TL = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # (mode 5's box: [128 rows, 16 B])
@@ -51,7 +54,7 @@ def _clock(like):
 
 
 @gluon.jit
-def _probe(src_ptr, src_desc, out_ptr, MODE: gl.constexpr, REPS: gl.constexpr):
+def _probe(src_ptr, src_desc, out_ptr, sink_ptr, MODE: gl.constexpr, REPS: gl.constexpr):
     # one 16-byte copy a thread: [128 threads, 8 bf16]
     L: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
     LT: gl.constexpr = gl.SliceLayout(1, L)
@@ -60,6 +63,18 @@ def _probe(src_ptr, src_desc, out_ptr, MODE: gl.constexpr, REPS: gl.constexpr):
     tsmem = gl.allocate_shared_memory(gl.bfloat16, [128, 8], src_desc.layout)
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(bar, count=1)
+    # (mode 6: one warpgroup's wgmma of a K step, m64 n128 k64 from shared memory, as the MoE's MMA partition issues
+    # before its next step's fence: does that fence wait for the MMA?)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
+    a_s = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
+    b_s = gl.allocate_shared_memory(gl.bfloat16, [64, 128],
+                                    gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16))
+    acc = gl.zeros([64, 128], gl.float32, ACC)
+    if MODE == 6:
+        LA: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        a_s.store(gl.full([64, 64], 1.0, gl.bfloat16, LA))
+        b_s.store(gl.full([64, 128], 1.0, gl.bfloat16, LA))
+        fence_async_shared()
     pid = gl.program_id(0)
     t = gl.arange(0, 128, layout=LT)
     ptrs = gl.expand_dims(t * 8, 1) + gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, L)), 0)
@@ -82,11 +97,15 @@ def _probe(src_ptr, src_desc, out_ptr, MODE: gl.constexpr, REPS: gl.constexpr):
         if MODE == 5:
             mbarrier.expect(bar, 128 * 8 * 2)
             _tma_load(src_desc, [line * 128, 0], bar, tsmem)
+        if MODE == 6:
+            acc = warpgroup_mma(a_s, b_s, acc, is_async=True)
         t1 = _clock(tok)
         fence_async_shared()
         t2 = _clock(tok)
         if MODE == 5:
             mbarrier.wait(bar, r % 2)
+        elif MODE == 6:
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
         else:
             async_copy.wait_group(0)
         t3 = _clock(tok)
@@ -99,6 +118,8 @@ def _probe(src_ptr, src_desc, out_ptr, MODE: gl.constexpr, REPS: gl.constexpr):
     gl.store(base, issue)
     gl.store(base + 1, fence)
     gl.store(base + 2, wait)
+    if MODE == 6:  # (the MMAs' result used: stored once, after the last clock)
+        gl.store(sink_ptr + pid, gl.sum(gl.sum(acc, axis=1), axis=0))
 
 
 def _aot() -> None:
@@ -113,7 +134,8 @@ def _aot() -> None:
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     for mode in MODES:
         src = GluonASTSource(fn=_probe, signature={"src_ptr": "*bf16", "src_desc": f"tensordesc<bf16[128, 8],{_TL!r}>",
-                                                    "out_ptr": "*i64", "MODE": "constexpr", "REPS": "constexpr"},
+                                                    "out_ptr": "*i64", "sink_ptr": "*fp32", "MODE": "constexpr",
+                                                    "REPS": "constexpr"},
                              constexprs={"MODE": mode, "REPS": REPS}, attrs={(0,): [["tt.divisibility", 16]]})
         ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -152,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         flush.zero_()
         out = torch.full((sms * 128 * 3,), -1, dtype=torch.int64, device="cuda")
         desc = TensorDescriptor(src.view(-1, 8), [src.numel() // 8, 8], [8, 1], [128, 8], _TL)
-        _probe[(sms,)](src, desc, out, MODE=mode, REPS=REPS, num_warps=4)
+        sink = torch.zeros(sms, device="cuda")
+        _probe[(sms,)](src, desc, out, sink, MODE=mode, REPS=REPS, num_warps=4)
         torch.cuda.synchronize()
         c = out.view(-1, 3).float() / (REPS - 1)  # (per thread: the mean of repetitions 1 ..)
         med = c.median(dim=0).values.tolist()

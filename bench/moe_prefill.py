@@ -116,6 +116,10 @@ VARIANTS = (
     # partition with 4 load warps (s34run1: that form -3.8% alone)
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA WG_ATMA (wtma2)",
      dict(_LOAD8S3, WG_WTMA=True, WG_ATMA=True), True),
+    # ... and stage 4's MMA partition without its fence before each wgmma (WG_NOFENCE4; fence_probe's mode 6 asks
+    # whether that fence waits for the wgmma in flight)
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA WG_ATMA WG_NOFENCE4 (wtma2)",
+     dict(_LOAD8S3, WG_WTMA=True, WG_ATMA=True, WG_NOFENCE4=True), True),
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA (wtma2)",
      dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True), True),
     # ... with the load partition's A-row copies of a step after its fence (WG_ALATE), alone and with WG_WTMA

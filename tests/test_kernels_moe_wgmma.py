@@ -97,6 +97,9 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # ... with stage 4's A rows by TMA too (WG_ATMA: s34run1 -3.9% alone, WG_WTMA -5.0%), and with the A rows by
          # the A partition beside 4 load warps instead (WG_ACOPY on 40 registers: s34run1 -3.8% alone)
          "bm256-wsteps2-v16-half-load8s3-wtma-atma": dict(_LOAD8S3, WG_WTMA=True, WG_ATMA=True),
+         # ... and stage 4's MMA partition without its fence (WG_NOFENCE4: nothing it reads written by cp.async)
+         "bm256-wsteps2-v16-half-load8s3-wtma-atma-nofence4": dict(_LOAD8S3, WG_WTMA=True, WG_ATMA=True,
+                                                                   WG_NOFENCE4=True),
          "bm256-wsteps2-v16-half-load4-acopy-wtma": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40,
                                                         WG_A32=True, WG_WTMA=True),
          # ... and the emitter's 128-row form with WG_WTMA (its A rows already by the A partition)
@@ -150,7 +153,8 @@ def _compile(args) -> list[dict]:
             acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage], atma=mod.WG_ATMA and stage == 4,
             wtma=mod.WG_WTMA and stage == 3, ksteps=(mod.H if stage == 3 else mod.I) // 64,
             tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
-            stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I,
+            stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I, fences=ptx.count("fence.proxy.async"),
+            nofence=mod.WG_NOFENCE4 and stage == 4,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
     return out
 
@@ -178,6 +182,7 @@ def test_wgmma_renders_compile_for_sm90a():
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         rows = [r for rs in pool.map(_compile, jobs) for r in rs]
     assert len(rows) == 2 * len(jobs)
+    fences4 = {r["label"]: r["fences"] for r in rows if r["stage"] == 4}  # (WG_NOFENCE4's twin: the same form with them)
     for r in rows:
         lw, parts = r["load_warps"], r["parts"]
         # (WG_ACOPY: the A partition's 4; WG_LOAD_PARTS: each load partition's lw, and its copies, decode and wait)
@@ -228,6 +233,9 @@ def test_wgmma_renders_compile_for_sm90a():
         assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert not r["acopy"] or ("inc", str(r["acopy_regs"])) in r["setmaxnreg"], r  # (the A partition's registers)
         assert ("dec", str(r["mma_regs"])) in r["setmaxnreg"], r  # (the MMA partition's, as the template computes)
+        # the fences before the MMA partition's wgmma (one per MMA loop render: full, and WG_HALF's tails) and the
+        # load partition's after its stores; WG_NOFENCE4: stage 4's MMA loops without theirs
+        assert r["fences"] >= 1 and (not r["nofence"] or r["fences"] < fences4[r["label"].replace("-nofence4", "")]), r
 
 
 def _words(codes, scales, rows, ks, K: int, RK: int, W: int = 1, v16: bool = False):

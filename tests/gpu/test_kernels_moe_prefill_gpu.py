@@ -393,6 +393,8 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma"),
     ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-atma"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma"),
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma-nofence4"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma-nofence4"),
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
@@ -429,6 +431,10 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
         full = {k: v for k, v in WG_FORMS[form].items() if k not in ("WG_HALF", "WG_AQ")}
         line["bitwise_equal_without_half"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
                                                                                **full), relaid, x, idx)))
+    if mod.WG_NOFENCE4:  # stage 4's MMAs without their fence read what they read with it
+        fenced = {k: v for k, v in WG_FORMS[form].items() if k != "WG_NOFENCE4"}
+        line["bitwise_equal_with_fence"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
+                                                                             **fenced), relaid, x, idx)))
     if mod.WG_WTMA:  # the words' TMA boxes give the tiles the cp.async copies give
         copies = {k: v for k, v in WG_FORMS[form].items() if k != "WG_WTMA"}
         line["bitwise_equal_without_wtma"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
@@ -445,7 +451,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line["rel_err_fp32_ref"] < 1e-2 and line["worst_row_rel_err"] < 3e-2, line
     assert line["rel_err_default_render"] < 5e-3 and line.get("modelopt_rel_err_fp32_ref", 0) < 1e-2, line
     assert line.get("bitwise_equal_without_half", True) and line.get("bitwise_equal_wsteps2", True), line
-    assert line.get("bitwise_equal_without_wtma", True), line
+    assert line.get("bitwise_equal_without_wtma", True) and line.get("bitwise_equal_with_fence", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
