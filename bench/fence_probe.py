@@ -188,7 +188,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                torch=torch.__version__, copy_tb_s=copy_bandwidth(), rows=rows, fence_samples=raw)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / f"fence-probe-{rec['date']}.json").write_text(json.dumps(rec, indent=1))
+        text = json.dumps({k: v for k, v in rec.items() if k != "fence_samples"}, indent=1)[:-2]
+        samples = ",\n".join(f'  "{m}": {json.dumps(v)}' for m, v in raw.items())  # (a line a mode)
+        (a.out / f"fence-probe-{rec['date']}.json").write_text(text + ',\n "fence_samples": {\n' + samples + "\n }\n}\n")
     print(f"{'mode':<34}{'issue':>8}{'fence':>8}{'fence p90':>11}{'worst':>8}{'wait':>8}  (cycles, median)")
     for r in rows:
         print(f"{r['what']:<34}{r['issue']:>8.0f}{r['fence']:>8.0f}{r['fence_p90']:>11.0f}"
