@@ -356,7 +356,7 @@ def test_word_boxes_of_wtma_hold_what_the_copies_did(shape):
         if mod.WG_WSTEPS != W:  # (W 4 needs RK0 256)
             assert RK < 64 * W
             continue
-        (cs, cst), (ss, sst) = mod.wtma_views(codes, scales)
+        (cs, cst), (ss, sst) = mod.wtma_views()
         NG = RK // 32
         for e in (0, E - 1):
             for c0 in range(0, I, BN):
@@ -507,7 +507,7 @@ def test_launcher_runs_the_sort_then_the_gluon_stages_on_relaid_weights():
         "wc_desc", "ws_desc"]
     wc, ws = log[3][2][10:12]
     assert wc.base is weights[0] and ws.base is weights[1]
-    assert (wc.shape, wc.strides) == (list(mod.wtma_views(*weights[:2])[0][0]), list(mod.wtma_views(*weights[:2])[0][1]))
+    assert (wc.shape, wc.strides) == (list(mod.wtma_views()[0][0]), list(mod.wtma_views()[0][1]))
     assert wc.shape == [E, 4, I, 2, H // 8] and wc.strides == [2 * I * H // 8, mod.RK0 // 32, H // 8, I * H // 8, 1]
     assert ws.shape == [E, I, 2, H // 16] and ws.block_shape == [1, mod.WG_BN, 2, 16] and wc.block_shape == [
         1, 4, mod.WG_BN, 2, 4]
