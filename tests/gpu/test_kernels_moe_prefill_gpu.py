@@ -427,22 +427,20 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
                                                                               WG_HRES=mod.WG_HRES))
     if shape == "tp8" and M == 1000 and form == "default":
         line["modelopt_rel_err_fp32_ref"] = _rel(_run(mod, params, x, idx), ref)
-    if mod.WG_HALF:  # the tail blocks' half MMAs give the rows the full block's MMAs give them, bit for bit
-        full = {k: v for k, v in WG_FORMS[form].items() if k not in ("WG_HALF", "WG_AQ")}
-        line["bitwise_equal_without_half"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
-                                                                               **full), relaid, x, idx)))
-    if mod.WG_NOFENCE4:  # stage 4's MMAs without their fence read what they read with it
-        fenced = {k: v for k, v in WG_FORMS[form].items() if k != "WG_NOFENCE4"}
-        line["bitwise_equal_with_fence"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
-                                                                             **fenced), relaid, x, idx)))
-    if mod.WG_WTMA:  # the words' TMA boxes give the tiles the cp.async copies give
-        copies = {k: v for k, v in WG_FORMS[form].items() if k != "WG_WTMA"}
-        line["bitwise_equal_without_wtma"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True,
-                                                                               **copies), relaid, x, idx)))
-    if form.startswith("bm256-wsteps4"):  # the words' copies in runs of 4 steps give the tiles runs of 2 give
-        two = dict(WG_FORMS[form], WG_WSTEPS=2, WG_WDEPTH=2)
-        line["bitwise_equal_wsteps2"] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **two),
-                                                                   relaid, x, idx)))
+    # the twins of this form that must give the same bits: (summary key, applies, the twin's constants)
+    f = WG_FORMS[form]
+    twins = (
+        # the tail blocks' half MMAs give the rows the full block's MMAs give them
+        ("bitwise_equal_without_half", mod.WG_HALF, {k: v for k, v in f.items() if k not in ("WG_HALF", "WG_AQ")}),
+        # stage 4's MMAs without their fence read what they read with it
+        ("bitwise_equal_with_fence", mod.WG_NOFENCE4, {k: v for k, v in f.items() if k != "WG_NOFENCE4"}),
+        # the words' TMA boxes give the tiles the cp.async copies give
+        ("bitwise_equal_without_wtma", mod.WG_WTMA, {k: v for k, v in f.items() if k != "WG_WTMA"}),
+        # the words' copies in runs of 4 steps give the tiles runs of 2 give
+        ("bitwise_equal_wsteps2", form.startswith("bm256-wsteps4"), dict(f, WG_WSTEPS=2, WG_WDEPTH=2)))
+    for key, applies, twin in twins:
+        if applies:
+            line[key] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **twin), relaid, x, idx)))
     SUMMARY["moe_nvfp4_prefill"].append(line)
     print(f"moe_nvfp4_prefill {shape} M={M} {kind} wgmma-{form}: rel err {line['rel_err_fp32_ref']:.2e} (fp32 ref; "
           f"default render {line['default_render_rel_err_fp32_ref']:.2e}), {line['rel_err_default_render']:.2e} "
