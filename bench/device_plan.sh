@@ -52,7 +52,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, fence-short, tma2, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -122,19 +122,6 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --variant wtma=form.bm256.WG_WTMA=true,form.bm128.WG_WTMA=true \
       --variant wtma-alate=form.bm256.WG_WTMA=true,form.bm128.WG_WTMA=true,form.bm256.WG_ALATE=true
     ;;
-  fence-short)  # the fence call when little device time is left: the probe, the WTMA / ALATE timings, their GPU cases
-    step fence-probe 60 python3 bench/fence_probe.py --out "$OUT"
-    step moe-wtma 160 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
-      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),(wtma)'
-    tests t-wtma 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "(wtma or alate) and tp8 and 16384"
-    ;;
-  tma2)  # the thirty-fifth session's first call: both stages' TMA forms together (WG_WTMA + WG_ATMA), WG_WTMA beside the
-    # A partition of 4 load warps: timings beside each alone (the emitter's 256-row form now has WG_WTMA), GPU cases
-    step fence-probe 60 python3 bench/fence_probe.py --out "$OUT"  # (mode 6: a wgmma in flight)
-    step moe-tma2 250 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
-      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),WG_WTMA (wtma),(wtma2),WG_ATMA (regs256),WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 (regs256)'
-    tests t-tma2 250 tests/gpu/test_kernels_moe_prefill_gpu.py -k "load8s3-atma or wtma-atma or load4-acopy-wtma"
-    ;;
   wtma)  # stage 3's words by TMA (WG_WTMA; the fence probe's answer decides how much it can give): tests, timings
     tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma or alate"
     step moe-wtma 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
@@ -166,7 +153,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, fence-short, tma2, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac
