@@ -122,6 +122,13 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --variant wtma=form.bm256.WG_WTMA=true,form.bm128.WG_WTMA=true \
       --variant wtma-alate=form.bm256.WG_WTMA=true,form.bm128.WG_WTMA=true,form.bm256.WG_ALATE=true
     ;;
+  tma2)  # the thirty-fifth session's first call: both stages' TMA forms together (WG_WTMA + WG_ATMA), WG_WTMA beside the
+    # A partition of 4 load warps: timings beside each alone (the emitter's 256-row form now has WG_WTMA), GPU cases
+    step fence-probe 60 python3 bench/fence_probe.py --out "$OUT"  # (mode 6: a wgmma in flight)
+    step moe-tma2 250 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
+      --only 'WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 (stage 3),WG_WTMA (wtma),(wtma2),WG_ATMA (regs256),WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 (regs256)'
+    tests t-tma2 250 tests/gpu/test_kernels_moe_prefill_gpu.py -k "load8s3-atma or wtma-atma or load4-acopy-wtma"
+    ;;
   wtma)  # stage 3's words by TMA (WG_WTMA; the fence probe's answer decides how much it can give): tests, timings
     tests t-wtma 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma or alate"
     step moe-wtma 200 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
