@@ -102,6 +102,15 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
                                                                    WG_NOFENCE4=True),
          "bm256-wsteps2-v16-half-load4-acopy-wtma": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40,
                                                         WG_A32=True, WG_WTMA=True),
+         # ... the A partition in stage 3 only, stage 4's A rows by TMA (WG_ACOPY4 off, WG_ATMA: s35run1, stage 3
+         # 1,810 us beside the A partition, stage 4 1,244 with WG_ATMA), and without stage 4's fence too
+         "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True,
+                                                              WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True,
+                                                              WG_ACOPY4=False, WG_ATMA=True),
+         "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-nofence4": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True,
+                                                                       WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True,
+                                                                       WG_ACOPY4=False, WG_ATMA=True,
+                                                                       WG_NOFENCE4=True),
          # ... and the emitter's 128-row form with WG_WTMA (its A rows already by the A partition)
          "acopy-hres-wsteps2-v16-half-aq-wtma": dict(_HALF128, WG_AQ=True, WG_WTMA=True),
          # WG_AQ: the A rows copied only as far as WG_HALF's MMAs read them (64-row quarters)
@@ -149,7 +158,8 @@ def _compile(args) -> list[dict]:
             loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
-            load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4, acopy=mod.WG_ACOPY,
+            load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4,
+            acopy=mod.WG_ACOPY if stage == 3 else mod.WG_ACOPY4,
             acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage], atma=mod.WG_ATMA and stage == 4,
             wtma=mod.WG_WTMA and stage == 3, ksteps=(mod.H if stage == 3 else mod.I) // 64,
             tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
