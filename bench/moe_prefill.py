@@ -130,6 +130,12 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_NOFENCE4 (atma4)",
      dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True, WG_ACOPY4=False,
           WG_ATMA=True, WG_NOFENCE4=True), True),
+    # ... stage 4's stores deferred into the next tile's K steps (WG_DSTORE), in both candidate forms
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA WG_ATMA WG_DSTORE (dstore)",
+     dict(_LOAD8S3, WG_WTMA=True, WG_ATMA=True, WG_DSTORE=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_DSTORE (dstore)",
+     dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True, WG_ACOPY4=False,
+          WG_ATMA=True, WG_DSTORE=True), True),
     # ... with the load partition's A-row copies of a step after its fence (WG_ALATE), alone and with WG_WTMA
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ALATE (wtma)",
      dict(_LOAD8S3, WG_ALATE=True), True),
@@ -161,6 +167,9 @@ VARIANTS = (
      dict(_LOAD8S3, **_WSTEPS4, WG_AQ=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ",
      dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True), True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ WG_DSTORE (dstore)",
+     dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True, WG_DSTORE=True),
+     True),
     # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a row block instead of 5 (if stage 3 waits on the
     # L2's A traffic), twice the 256-row form's decode per FLOP
     ("moe_nvfp4_prefill wgmma relaid WG_BN=128 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HRES WG_HALF",

@@ -401,7 +401,15 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4"),
     ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4"),
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-nofence4")])
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-nofence4"),
+    # stage 4's stores deferred into the next tile's K steps (bitwise against the form without WG_DSTORE)
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
+    ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
+    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"),
+    ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-dstore"),
+    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-dstore")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -442,6 +450,8 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
         # stage 4's A rows by TMA give the MMAs the rows the threads' cp.async copies give
         ("bitwise_equal_without_atma", mod.WG_ATMA,
          {k: v for k, v in f.items() if k not in ("WG_ATMA", "WG_NOFENCE4", "WG_ACOPY4")}),
+        # the tiles' stores deferred give y the bits the epilogue's stores give
+        ("bitwise_equal_without_dstore", mod.WG_DSTORE, {k: v for k, v in f.items() if k != "WG_DSTORE"}),
         # the words' TMA boxes give the tiles the cp.async copies give
         ("bitwise_equal_without_wtma", mod.WG_WTMA, {k: v for k, v in f.items() if k != "WG_WTMA"}),
         # the words' copies in runs of 4 steps give the tiles runs of 2 give
@@ -458,7 +468,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line["rel_err_default_render"] < 5e-3 and line.get("modelopt_rel_err_fp32_ref", 0) < 1e-2, line
     assert line.get("bitwise_equal_without_half", True) and line.get("bitwise_equal_wsteps2", True), line
     assert line.get("bitwise_equal_without_wtma", True) and line.get("bitwise_equal_with_fence", True), line
-    assert line.get("bitwise_equal_without_atma", True), line
+    assert line.get("bitwise_equal_without_atma", True) and line.get("bitwise_equal_without_dstore", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
