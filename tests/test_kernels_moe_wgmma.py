@@ -171,7 +171,7 @@ def _compile(args) -> list[dict]:
             wtma=mod.WG_WTMA and stage == 3, ksteps=(mod.H if stage == 3 else mod.I) // 64,
             tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I, fences=ptx.count("fence.proxy.async"),
-            nofence=mod.WG_NOFENCE4 and stage == 4,
+            nofence=mod.WG_NOFENCE4 and stage == 4, dstore=mod.WG_DSTORE and stage == 4,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
     return out
 
@@ -205,7 +205,8 @@ def test_wgmma_renders_compile_for_sm90a():
         # (WG_ACOPY: the A partition's 4; WG_LOAD_PARTS: each load partition's lw, and its copies, decode and wait)
         assert r["num_warps"] == 8 + lw * parts + 4 * (r["store"] or r["acopy"]), r
         assert r["launch_pdl"] and r["loads_before_wait"] == 0, r
-        assert (r["stmatrix"] > 0) == r["store"], r  # (WG_STORE: the tile handed over through shared memory)
+        # (WG_STORE: the tile handed over through shared memory; WG_DSTORE: kept there for the next tile's steps)
+        assert (r["stmatrix"] > 0) == (r["store"] or r["dstore"]), r
         assert r["local"] in (0, None) and r["shared"] <= 232448, r
         # the wgmma not serialised (one stage in flight: a DEPBAR per loop, not per HGMMA)
         assert r["sass"] is None or r["sass"]["depbar"] < r["sass"]["hgmma"], r
