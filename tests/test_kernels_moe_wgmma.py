@@ -220,6 +220,7 @@ def test_wgmma_renders_compile_for_sm90a():
         on = r["rows"] // 2  # (gate_up: I's last tile on half the weight rows where at most half of it is real)
         ntail = r["half"] and r["stage"] == 3 and r["I"] % on != 0 and r["I"] % on <= on // 2
         wgmma = loops(r["rows"]) + (loops(r["rows"] // 2) if ntail else [])
+        wgmma *= r["ksteps"] if r["dstore"] else 1  # (WG_DSTORE: stage 4's K steps unrolled)
         assert sorted(r["wgmma"]) == sorted(wgmma), r
         # the A rows by 16-byte copies (the loop's body unrolled over the WG_WSTEPS steps of a ring slot); the
         # weight words (8 WG_WSTEPS bytes a (row, c): one 8-byte copy, or 16-byte ones; WG_V16 with chunks of one
