@@ -54,7 +54,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -138,10 +138,15 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --only 'WG_LOAD_WARPS=8 WG_WTMA (wtma),WG_WTMA WG_ATMA (wtma2),(atma4),BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_WTMA WG_ATMA WG_DSTORE (dstore),WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_DSTORE (dstore)'
     tests t-atma4 300 tests/gpu/test_kernels_moe_prefill_gpu.py -k "(atma4 and not nofence4) or dstore"
     ;;
+  emitter35)  # the emitter's new 256-row form (s35): its odd-shape / 64-bit-offset kernel cases, its graph replay, and the
+    # runtime's WGMMA prefill test with the form pinned (the tiny spec: no WG_WTMA there)
+    tests t-forms35 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "load4-acopy-atma4-dstore or dstore-a64 or emitters_forms_replay"
+    BEAMC_RUNTIME_STEPS=300 tests t-rt35 160 tests/gpu/test_runtime_gpu.py -k "wgmma_moe and bm256"
+    ;;
   atma4-step)  # the prefill step with the 256-row form's candidates (WG_ATMA; the A partition in stage 3 only)
     step variants-atma4 230 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s35-atma4 \
-      --variant atma=form.bm256.WG_ATMA=true \
-      --variant atma4=form.bm256.WG_LOAD_WARPS=4,form.bm256.WG_ACOPY=true,form.bm256.WG_ACOPY_REGS=40,form.bm256.WG_A32=true,form.bm256.WG_ACOPY4=false,form.bm256.WG_ATMA=true
+      --variant atma4=form.bm256.WG_LOAD_WARPS=4,form.bm256.WG_ACOPY=true,form.bm256.WG_ACOPY_REGS=40,form.bm256.WG_A32=true,form.bm256.WG_ACOPY4=false,form.bm256.WG_ATMA=true \
+      --variant atma4-ds=form.bm256.WG_LOAD_WARPS=4,form.bm256.WG_ACOPY=true,form.bm256.WG_ACOPY_REGS=40,form.bm256.WG_A32=true,form.bm256.WG_ACOPY4=false,form.bm256.WG_ATMA=true,form.bm256.WG_DSTORE=true
     ;;
   atma-step)  # the prefill step (8 x 2,048 tokens over 100K) with WG_ATMA in the 256-row form, and WG_NOFENCE4 too
     step variants-atma 560 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s35-atma \
@@ -179,7 +184,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -57,7 +57,8 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False, False, None),  # (long prefills: the WGMMA renders)
                    ("moe_nvfp4_prefill.py.j2", "T >= 2048 and T <= 8191", False, True, 128),
                    ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 2047", False, False, None),
-                   ("moe_nvfp4_prefill.py.j2", "T >= 8192", False, True, 256)]
+                   ("moe_nvfp4_prefill.py.j2", "T >= 8192 and T <= 8387583", False, True, 256),  # (WG_A32)
+                   ("moe_nvfp4_prefill.py.j2", "T >= 8387584", False, True, 256)]  # (its offsets past 32 bits)
     assert man["moe_wgmma"] is True and all(v["choice"]["wgmma_from_tokens"] == 2048 for v in man["kernels"].values()
                                             if v["template"].startswith("moe_nvfp4_prefill"))
     # the gemv / cuBLAS choice: each gemv kernel runs for T <= its bound, the library call above it, and says why

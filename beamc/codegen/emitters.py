@@ -295,6 +295,11 @@ MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS,
 # outputs) in the 256-row form, s34run1-2 (H100): 16,384 tokens 3,380 -> 3,212 us (stage 3 2,011 -> 1,914); the
 # prefill step 394.29 -> 392.38 ms (with WG_ALATE too, which alone changes nothing: 386.73; single runs). The 128-row
 # form with it passed its GPU case, not timed: unchanged.
+# In the 256-row form, s35run4-5 (H100, 16,384 tokens, same run, us per MoE layer): WG_WTMA 3,248; + stage 4's A rows
+# by TMA (WG_ATMA) 3,126; + stage 3's A rows by the A partition beside 4 load warps instead (WG_ACOPY, 40 registers,
+# WG_A32; WG_ACOPY4 off) 3,021; + stage 4's stores deferred into the next tile's K steps (WG_DSTORE) 2,906 (-10.6%,
+# 443 TFLOP/s); the prefill step 394.48 -> 384.50 -> 379.72 ms (logits bitwise). WG_DSTORE in the 128-row form
+# (s35run6): 4,096 tokens 1,348 -> 1,349 us, 2,048 879 -> 889: not taken there.
 MOE_WGMMA_MIN_TOKENS = 2048
 MOE_WGMMA_BM256_MIN_TOKENS = 8192
 MOE_WGMMA_FORMS = {
@@ -305,8 +310,11 @@ MOE_WGMMA_FORMS = {
     # 256-row blocks (half the K steps per FLOP), 3 stages and a ring 2 slots ahead (shared memory)
     # (stage 3's load partition on 8 warps, stage 4's on 4: s32run1; stage 3's words by TMA boxes where the shapes
     # take them, `wtma_shapes`: s34run1)
+    # (s35run4-5: stage 3's A rows by the A partition beside 4 load warps, stage 4's by TMA, stage 4's stores
+    # deferred into the next tile's K steps; WG_A32 up to `a32_max_tokens`, `_moe_experts` renders it without above)
     "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
-                  WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_WTMA=True)}
+                  WG_LOAD_WARPS=4, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_WTMA=True,
+                  WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_ACOPY4=False, WG_ATMA=True, WG_DSTORE=True)}
 # the 128-row form's WG_HRES keeps a row block's h (128 x I bf16) resident in stage 4's shared memory: beside its ring
 # that fits up to I / 64 = 6 K steps (the template's WG_SMEM4: 16 KB a step + 121 KB, within 227 KB); above (TP < 8
 # of the full spec: I 640 .. 2,560) the form runs without it
@@ -329,13 +337,16 @@ MOE_WGMMA_CHOICE = {"wgmma_from_tokens": MOE_WGMMA_MIN_TOKENS, "bm256_from_token
                                            "prefill_step_ms": [412.05, 403.87]},
                     "bm128_wg_aq": {"device": "H200", "us_2048": [[911.9, 892.1], [906.5, 891.2]],
                                     "us_4096": [1372.2, 1340.1]},
+                    "bm256_atma_acopy_dstore": {"device": "H100", "us_16384": [3248.3, 3126.5, 3020.9, 2905.7],
+                                                "prefill_step_ms": [394.48, 384.50, 379.72]},
                     "bm256_wg_wtma": {"device": "H100", "us_16384": [3379.5, 3211.9],
                                       "prefill_step_ms": [394.29, 392.38]},
                     "source": "bench/results/moe-prefill-2026-12-05-s28run2.json, moe-prefill-2026-12-05-s29run3.json, "
                               "moe-prefill-2026-12-05-s31run1.json, variants-2026-12-05-s31run2.json (H200); "
                               "moe-prefill-2026-12-05-s32run1.json, variants-2026-12-05-s32run7-l{4,8}.json (H100); "
                               "moe-prefill-2026-12-05-s32run9{,-2048}.json, moe-prefill-2026-12-05-s32run10-*.json "
-                              "(H200); moe-prefill-2026-12-06-s34run1.json, variants-2026-12-06-s34run2.json (H100)"}
+                              "(H200); moe-prefill-2026-12-06-s34run1.json, variants-2026-12-06-s34run2.json, "
+                              "moe-prefill-2026-12-06-s35run4.json, variants-2026-12-06-s35run5.json (H100)"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}
@@ -386,8 +397,16 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         big = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **bm256)
         out = [dataclasses.replace(large, max_tokens=MOE_WGMMA_MIN_TOKENS - 1, choice=MOE_WGMMA_CHOICE),
                dataclasses.replace(mid, min_tokens=MOE_WGMMA_MIN_TOKENS, max_tokens=MOE_WGMMA_BM256_MIN_TOKENS - 1,
-                                   choice=MOE_WGMMA_CHOICE),
-               dataclasses.replace(big, min_tokens=MOE_WGMMA_BM256_MIN_TOKENS, choice=MOE_WGMMA_CHOICE)]
+                                   choice=MOE_WGMMA_CHOICE)]
+        if bm256.get("WG_A32"):  # (32-bit A-row offsets up to the steps they fit, the same form without them above)
+            most = a32_max_tokens(dims["H"], dims["I"], dims["TOP_K"], dims["E"], bm256["BLOCK_M"])
+            wide = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay,
+                          **{k: v for k, v in bm256.items() if k != "WG_A32"})
+            out += [dataclasses.replace(big, min_tokens=MOE_WGMMA_BM256_MIN_TOKENS, max_tokens=most,
+                                        choice=MOE_WGMMA_CHOICE),
+                    dataclasses.replace(wide, min_tokens=most + 1, choice=MOE_WGMMA_CHOICE)]
+        else:
+            out.append(dataclasses.replace(big, min_tokens=MOE_WGMMA_BM256_MIN_TOKENS, choice=MOE_WGMMA_CHOICE))
     elif ctx.moe_dequant and ctx.target == "sm90" and not pinned:
         long = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True)
         longest = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, DEQUANT=True, DEQUANT_DOWN=True)
@@ -475,6 +494,12 @@ def wgmma_shapes(H: int, I: int, relayout_ksplit: int = 4) -> bool:
     dividing H / relayout_ksplit) and RK1 (the largest <= 64 dividing I)."""
     rk0, rk1 = relayout_chunks(H, I, relayout_ksplit)
     return not (H % 64 or I % 64) and rk0 % 64 == 0 and rk0 > 0 and rk1 % 64 == 0
+
+
+def a32_max_tokens(H: int, I: int, top_k: int, E: int, block_m: int) -> int:
+    """The most tokens a step may have for moe_nvfp4_prefill's WG_A32 (the A rows' element offsets in 32 bits: x's T
+    rows of H, h's T top_k sorted rows with up to E blocks of padding, of I; the launcher's assert)."""
+    return min((2 ** 31 - 1) // H, ((2 ** 31 - 1) // I - E * block_m) // top_k)
 
 
 def wtma_shapes(H: int, I: int, relayout_ksplit: int = 4) -> bool:

@@ -405,7 +405,8 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     # stage 4's stores deferred into the next tile's K steps (bitwise against the form without WG_DSTORE)
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
     ("odd-rk128", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
-    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
+    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load4-acopy-atma4-dstore"),  # (odd-wg: RK0 64, no WG_WTMA)
+    ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-a64"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"),
     ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-dstore"),
@@ -483,3 +484,16 @@ def test_wgmma_cuda_graph_replay(tmp_path_factory):
                                        _relaid("tp8", tmp_path_factory), 4096, 27,
                                        ((28, "distinct"), (29, "few"), (30, "one")), check_ref=False)
     SUMMARY["moe_nvfp4_prefill"].append(dict(wgmma_cuda_graph_replay="bitwise equal to direct launches", M=4096))
+
+
+def test_the_emitters_forms_replay_bitwise(tmp_path_factory):
+    """The emitter's WGMMA forms as they are now (emitters.MOE_WGMMA_FORMS: the 256-row form's TMA rows, A partition
+    and deferred stores) captured once and replayed with new x and idx at 16,384 tokens: the same bits as direct
+    launches."""
+    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+
+    for name, form in MOE_WGMMA_FORMS.items():
+        _replays_equal_direct_launches(_module("tp8", tmp_path_factory, **form), _relaid("tp8", tmp_path_factory),
+                                       16384, 31, ((32, "distinct"), (33, "few")), check_ref=False)
+    SUMMARY["moe_nvfp4_prefill"].append(dict(emitter_forms_replay="bitwise equal to direct launches", M=16384,
+                                             forms=sorted(MOE_WGMMA_FORMS)))
