@@ -140,8 +140,8 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     ;;
   emitter35)  # the emitter's new 256-row form (s35): its odd-shape / 64-bit-offset kernel cases, its graph replay, and the
     # runtime's WGMMA prefill test with the form pinned (the tiny spec: no WG_WTMA there)
+    BEAMC_RUNTIME_STEPS=300 tests t-rt35 130 tests/gpu/test_runtime_gpu.py -k "wgmma_moe and bm256"
     tests t-forms35 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "load4-acopy-atma4-dstore or dstore-a64 or emitters_forms_replay"
-    BEAMC_RUNTIME_STEPS=300 tests t-rt35 160 tests/gpu/test_runtime_gpu.py -k "wgmma_moe and bm256"
     ;;
   atma4-step)  # the prefill step with the 256-row form's candidates (WG_ATMA; the A partition in stage 3 only)
     step variants-atma4 230 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s35-atma4 \
