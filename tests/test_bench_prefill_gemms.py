@@ -1,0 +1,29 @@
+"""bench/prefill_gemms.py's routes on the CPU (its --dry run): every route writes every output, and the aligned
+routes give the step's route's values (the padded one bit for bit: the same GEMM with zero rows added)."""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import prefill_gemms  # noqa: E402
+
+
+def test_the_qkvg_routes_write_the_step_routes_values():
+    routes = prefill_gemms.qkvg_routes(48, "cpu")
+    for name, (fn, outs, _) in routes.items():
+        for o in outs:
+            o.fill_(float("nan"))
+        fn()
+        assert all(torch.isfinite(o).all() for o in outs), name
+    step = routes["step"][1]
+    assert [o.shape[1] for o in step] == list(prefill_gemms.SPLITS)
+    assert all(torch.equal(a, b) for a, b in zip(routes["padded"][1], step))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(routes["aligned+gate"][1], step))
+
+
+def test_the_dry_run_writes_its_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["prefill_gemms.py", "--dry", "--out", str(tmp_path)])
+    assert prefill_gemms.main() == 0
+    assert len(list(tmp_path.glob("prefill-gemms-*-dry.json"))) == 1
