@@ -417,8 +417,8 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     take; the render keeps the template contract
     (its second kernel typed in SIGNATURES, its stage option sets naming it) and supersedes DEQUANT; the fp32
     instances (the CPU runtime's) render without it; the emitter picks its two forms by default from 2,048 tokens
-    (emitters.MOE_WGMMA_FORMS; none with moe_wgmma=False), and pinned it takes every prefill size (no DEQUANT
-    renders beside it)."""
+    (emitters.MOE_WGMMA_FORMS, the 256-row one as two renders: with WG_A32 up to the steps its offsets take, without
+    above; none with moe_wgmma=False), and pinned it takes every prefill size (no DEQUANT renders beside it)."""
     with pytest.raises(Exception, match="WGMMA: K steps of 64"):
         load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts", {**_constants("tiny-tp1"), "I": 32}), None)
     # WG_WSTEPS: the most <= the one asked for that the relayout's chunks take (the odd shape's RK0 64: 1), else refused
@@ -439,9 +439,10 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     assert f32.WGMMA is False and not hasattr(f32, "wg_kernel")
     spec = load_spec(ROOT / "models/beam-tiny.yaml")
     pkg = compile_package(spec, dtype="bf16", tp=1)
-    forms = sorted((k.constants.get("BLOCK_M"), bool(k.constants.get("WG_ACOPY"))) for k in pkg.kernels.values()
-                   if k.constants.get("WGMMA"))
-    assert forms == [(128, True), (256, False)], forms
+    forms = sorted((k.constants.get("BLOCK_M"), bool(k.constants.get("WG_ACOPY")), bool(k.constants.get("WG_A32")))
+                   for k in pkg.kernels.values() if k.constants.get("WGMMA"))
+    # (the 256-row form twice: with 32-bit A-row offsets up to emitters.a32_max_tokens, without above)
+    assert forms == [(128, True, False), (256, True, False), (256, True, True)], forms
     off = compile_package(spec, dtype="bf16", tp=1, moe_wgmma=False)
     assert not any(k.constants.get("WGMMA") for k in off.kernels.values())
     assert any(k.constants.get("DEQUANT") for k in off.kernels.values())
@@ -463,14 +464,14 @@ def test_wgmma_refuses_what_it_cannot_take_and_fp32_ignores_it():
     for tp in (1, 2, 4, 8):
         ks = [k for k in compile_package(full, tp=tp, phases=("prefill",)).kernels.values()
               if k.template == "moe_nvfp4_prefill"]
-        assert sum(bool(k.constants.get("WGMMA")) for k in ks) == 2, tp
+        assert sum(bool(k.constants.get("WGMMA")) for k in ks) == 3, tp  # (bm128; bm256 with / without WG_A32)
         for k in ks:
             mod = load_kernel(k, None)
             assert not mod.WGMMA or mod.WG_HRES == (mod.BLOCK_M == 128 and mod.I // 64 <= 6), (tp, mod.I)
     pinned = compile_package(spec, dtype="bf16", tp=1, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
     prefill = [k for k in pinned.kernels.values() if k.template == "moe_nvfp4_prefill"]
     assert len(prefill) == 1 and prefill[0].constants["WGMMA"]  # (every prefill size: no DEQUANT render beside it)
-    assert sum(k.template == "moe_nvfp4_prefill" for k in pkg.kernels.values()) == 3
+    assert sum(k.template == "moe_nvfp4_prefill" for k in pkg.kernels.values()) == 4
     with pytest.raises(BeamcError, match="WGMMA"):
         compile_package(spec, dtype="bf16", tp=2, template_overrides={"moe_nvfp4_prefill": {"WGMMA": True}})
 
