@@ -19,6 +19,7 @@
 #   bash bench/device_plan.sh atma4          # stage 3's A partition beside stage 4's TMA rows: timings, tests, step
 #   bash bench/device_plan.sh emitter35      # the emitter's s35 256-row form: runtime test, odd shapes, graph replay
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
+#   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
 #   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), the WG_WTMA
 #                                            # GPU tests, then timings with the WTMA and regs256 forms
@@ -56,7 +57,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -149,6 +150,14 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     # routes, beside an aligned GEMM's rate in the same run (~1 minute)
     step prefill-gemms 120 python3 bench/prefill_gemms.py --out "$OUT"
     ;;
+  s36)  # the thirty-sixth session's first call (~8 minutes): emitter35's GPU checks of the new 256-row form, the
+    # prefill QKV+gate GEMM routes, and the 256-row forms' timings again (on an H200: issue 8's machine)
+    BEAMC_RUNTIME_STEPS=300 tests t-rt35 130 tests/gpu/test_runtime_gpu.py -k "wgmma_moe and bm256"
+    tests t-forms35 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "load4-acopy-atma4-dstore or dstore-a64 or emitters_forms_replay"
+    step prefill-gemms 90 python3 bench/prefill_gemms.py --out "$OUT"
+    step moe-s36 120 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
+      --only 'WG_LOAD_WARPS=8 WG_WTMA (wtma),WG_WTMA WG_ACOPY4=0 WG_ATMA (atma4),WG_ATMA WG_DSTORE (dstore)'
+    ;;
   atma4-step)  # the prefill step with the 256-row form's candidates (WG_ATMA; the A partition in stage 3 only)
     step variants-atma4 230 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s35-atma4 \
       --variant atma4=form.bm256.WG_LOAD_WARPS=4,form.bm256.WG_ACOPY=true,form.bm256.WG_ACOPY_REGS=40,form.bm256.WG_A32=true,form.bm256.WG_ACOPY4=false,form.bm256.WG_ATMA=true \
@@ -190,7 +199,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac
