@@ -1,13 +1,12 @@
 """bench/prefill_gemms.py's routes on the CPU (its --dry run): every route writes every output, and the aligned
 routes give the step's route's values (the padded one bit for bit: the same GEMM with zero rows added)."""
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from conftest import load_bench_module
 
-import prefill_gemms  # noqa: E402
+prefill_gemms = load_bench_module("prefill_gemms")  # (bench/ not left on sys.path: see load_bench_module)
 
 
 def test_the_qkvg_routes_write_the_step_routes_values():
