@@ -150,13 +150,18 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     # routes, beside an aligned GEMM's rate in the same run (~1 minute)
     step prefill-gemms 120 python3 bench/prefill_gemms.py --out "$OUT"
     ;;
-  s36)  # the thirty-sixth session's first call (~8 minutes): emitter35's GPU checks of the new 256-row form, the
-    # prefill QKV+gate GEMM routes, and the 256-row forms' timings again (on an H200: issue 8's machine)
+  s36)  # the thirty-sixth session's first call (~9.5 minutes): emitter35's GPU checks of the new 256-row form, the
+    # prefill QKV+gate GEMM routes, the 256-row forms' timings again (on an H200: issue 8's machine), and the
+    # 128-row form with stage 4's resident h rows by TMA
     BEAMC_RUNTIME_STEPS=300 tests t-rt35 130 tests/gpu/test_runtime_gpu.py -k "wgmma_moe and bm256"
     tests t-forms35 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "load4-acopy-atma4-dstore or dstore-a64 or emitters_forms_replay"
     step prefill-gemms 90 python3 bench/prefill_gemms.py --out "$OUT"
     step moe-s36 120 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT" \
       --only 'WG_LOAD_WARPS=8 WG_WTMA (wtma),WG_WTMA WG_ACOPY4=0 WG_ATMA (atma4),WG_ATMA WG_DSTORE (dstore)'
+    # (the 128-row form, 2,048 - 8,191 tokens, with stage 4's resident h rows by TMA)
+    tests t-bm128-atma4 90 tests/gpu/test_kernels_moe_prefill_gpu.py -k "aq-atma4"
+    step moe-s36-128 80 python3 bench/moe_prefill.py --tokens 4096,2048 --out "$OUT/bm128" \
+      --only 'moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ$,WG_AQ WG_ACOPY4=0 WG_ATMA (atma4)'
     ;;
   atma4-step)  # the prefill step with the 256-row form's candidates (WG_ATMA; the A partition in stage 3 only)
     step variants-atma4 230 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s35-atma4 \

@@ -170,6 +170,9 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ WG_DSTORE (dstore)",
      dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True, WG_DSTORE=True),
      True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ WG_ACOPY4=0 WG_ATMA (atma4)",
+     dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True, WG_ACOPY4=False,
+          WG_ATMA=True), True),
     # 128-row blocks x 256 weight rows (m64n256): x re-read 3 times a row block instead of 5 (if stage 3 waits on the
     # L2's A traffic), twice the 256-row form's decode per FLOP
     ("moe_nvfp4_prefill wgmma relaid WG_BN=128 stages=3 WG_WDEPTH=1 WG_WSTEPS=2 WG_V16 WG_HRES WG_HALF",

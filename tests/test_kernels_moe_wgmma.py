@@ -118,6 +118,8 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
                                                                       WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True,
                                                                       WG_ACOPY4=False, WG_ATMA=True, WG_DSTORE=True),
          "acopy-hres-wsteps2-v16-half-aq-dstore": dict(_HALF128, WG_AQ=True, WG_DSTORE=True),
+         # ... the 128-row form with stage 4's resident h rows by TMA instead of its A partition (WG_ACOPY4 off)
+         "acopy-hres-wsteps2-v16-half-aq-atma4": dict(_HALF128, WG_AQ=True, WG_ACOPY4=False, WG_ATMA=True),
          # ... the emitter's 256-row form (s35) where the shapes refuse WG_WTMA (odd shapes, the tiny spec), and above
          # the steps WG_A32's offsets take (emitters.a32_max_tokens)
          "bm256-wsteps2-v16-half-load4-acopy-atma4-dstore": dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True,

@@ -410,7 +410,10 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load8s3-wtma-atma-dstore"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"),
     ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-dstore"),
-    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-dstore")])
+    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-dstore"),
+    # the 128-row form's resident h rows by TMA (bitwise against the form with its A partition in stage 4)
+    ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-atma4"),
+    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-atma4")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
