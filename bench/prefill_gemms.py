@@ -71,17 +71,11 @@ def qkvg_routes(T: int, device: str) -> dict:
         q, k, v, gate = parts["aligned+gate"]
         torch.mm(x, w[:nq].t(), out=y1024)
         torch.mm(x, w[nq:].t(), out=gate)
-        lo = 0
-        for o in (q, k, v):
-            o.copy_(y1024[:, lo:lo + o.shape[1]])
-            lo += o.shape[1]
+        library.copy_parts(y1024, (q, k, v))
 
     def padded():
         torch.mm(x, w_pad.t(), out=y_pad)
-        lo = 0
-        for o in parts["padded"]:
-            o.copy_(y_pad[:, lo:lo + o.shape[1]])
-            lo += o.shape[1]
+        library.copy_parts(y_pad, parts["padded"])  # (the padding columns past the last part not copied)
 
     def bare():
         torch.mm(x, w[:nq].t(), out=y1024)

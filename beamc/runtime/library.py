@@ -19,13 +19,17 @@ def linear2(x, w1, w2, out1, out2):
     linear(x, w2, out2)
 
 
-def linear_packed(x, w, *outs):
-    """One GEMM over the packed weight, its column blocks copied into the parts' buffers."""
-    y = x @ w.t()
+def copy_parts(y, outs):
+    """y's consecutive column blocks into the parts' buffers, in order (each as wide as its buffer)."""
     lo = 0
     for o in outs:
         o.copy_(y[..., lo:lo + o.shape[-1]])
         lo += o.shape[-1]
+
+
+def linear_packed(x, w, *outs):
+    """One GEMM over the packed weight, its column blocks copied into the parts' buffers."""
+    copy_parts(x @ w.t(), outs)
 
 
 def moe_experts_dense(x, idx, gu, down, out):
