@@ -20,6 +20,9 @@
 #   bash bench/device_plan.sh emitter35      # the emitter's s35 256-row form: runtime test, odd shapes, graph replay
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
+#   bash bench/device_plan.sh s37            # the prefill router's GPU tests, timings at 512 - 16,384 tokens (~5 min)
+#   bash bench/device_plan.sh s36b           # the aligned QKV+gate route + BF16X3: runtime GPU tests, routes, the step
+#   bash bench/device_plan.sh router36       # the prefill router's BF16X3 render: GPU tests and timings (~6 minutes)
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
 #   bash bench/device_plan.sh fence          # bench/fence_probe.py (the fence's wait on copies in flight), the WG_WTMA
 #                                            # GPU tests, then timings with the WTMA and regs256 forms
@@ -57,7 +60,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -163,6 +166,31 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step moe-s36-128 80 python3 bench/moe_prefill.py --tokens 4096,2048 --out "$OUT/bm128" \
       --only 'moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ$,WG_AQ WG_ACOPY4=0 WG_ATMA (atma4)'
     ;;
+  s37)  # the prefill router (BF16X3 + SPLIT_K, the defaults): all its GPU tests, then its timings at 512 - 16,384 tokens
+    # against the render without SPLIT_K and the 64-row tiles
+    tests t-router 200 tests/gpu/test_kernels_attn_router_gpu.py -k "router"
+    for t in 512 2048 4096 16384; do
+      step router-t$t 60 python3 bench/router_prefill.py --out "$OUT/t$t" --tokens $t --only 'no-split-k,bf16x3 T64 w4'
+    done
+    ;;
+  s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
+    tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
+    step router-t512 40 python3 bench/router_prefill.py --out "$OUT/t512" --tokens 512 --only 'no-split-k'
+    step router-t2048 40 python3 bench/router_prefill.py --out "$OUT/t2048" --tokens 2048 --only 'no-split-k'
+    ;;
+  s36b)  # the packed QKV+gate GEMM over rows up to a multiple of 8 (library.with_row_room) and BF16X3 by default: the
+    # runtime's GPU tests that run it (TP 2's packed N = 196: the aligned route), the GEMM routes, the prefill step
+    BEAMC_RUNTIME_STEPS=300 tests t-rt36 200 tests/gpu/test_runtime_gpu.py -k "tp2_rank_graphs or bf16_compiled_tracks"
+    step prefill-gemms 60 python3 bench/prefill_gemms.py --out "$OUT"
+    step variants-s36 200 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s36-room
+    ;;
+  router36)  # BF16X3 (the prefill router's W in three exact bf16 parts, three bf16 MMAs a step): GPU tests, then the
+    # router's prefill variants at 16,384 and 2,048 tokens
+    tests t-router36 150 tests/gpu/test_kernels_attn_router_gpu.py -k "bf16x3 or (test_moe_router and 4096)"
+    # (run as s36run2 before BF16X3 became the default; its labels now: default = bf16x3, tf32x2 = the old default)
+    step router36 150 python3 bench/router_prefill.py --out "$OUT" --only 'tf32x2,bf16x3 s2,bf16x3 s4 K32,bf16x3 T64 w4,bf16x3 E256 T64 K32,bf16x3 T256 E64'
+    step router36-2k 60 python3 bench/router_prefill.py --out "$OUT/t2048" --tokens 2048 --only 'tf32x2,bf16x3 T64 w4'
+    ;;
   atma4-step)  # the prefill step with the 256-row form's candidates (WG_ATMA; the A partition in stage 3 only)
     step variants-atma4 230 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s35-atma4 \
       --variant atma4=form.bm256.WG_LOAD_WARPS=4,form.bm256.WG_ACOPY=true,form.bm256.WG_ACOPY_REGS=40,form.bm256.WG_A32=true,form.bm256.WG_ACOPY4=false,form.bm256.WG_ATMA=true \
@@ -204,7 +232,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -341,17 +341,26 @@ ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
 # TF32X2 (large path, bf16 x; the default there): W split by hand into two TF32 parts, two MMAs a step
 ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
+# BF16X3 (large path, bf16 x): W split by a first launch into three exact bf16 parts, three MMAs a step
+ROUTER_BF16X3_CASES = [("tiny", "large", 1), ("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
+# SPLIT_K (large path): K split over programs below a wave of tiles, the partials summed by the selection
+ROUTER_SPLIT_K_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70), ("tiny", "large", 1)]
 # SELECT_SORT (the selection by bitonic top-k): bitwise equal to the iterative render, exact ties included
 ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "large", 70), ("odd", "small", 5),
                      ("odd", "large", 70)]
 
 
 def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False,
-                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False, w_split: bool = False) -> dict:
-    dtype = "bf16" if tf32x2 else "f32"  # (TF32X2 is the 16-bit-x render; the interpreter's dot is fp32 either way)
+                 tf32x2: bool = False, select_sort: bool = False, ties: bool = False, w_split: bool = False,
+                 bf16x3: bool = False, split_k: bool = False) -> dict:
+    # (TF32X2 and BF16X3 are 16-bit-x renders; the interpreter's dot is fp32 either way)
+    dtype = "bf16" if tf32x2 or bf16x3 else "f32"
     c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
     if tf32x2:
-        c.update(TF32X2=True, PDL=False)
+        c.update(TF32X2=True, BF16X3=False, PDL=False)
+    if bf16x3:
+        c.update(BF16X3=True, PDL=pdl)
+    c["SPLIT_K"] = split_k  # (the default; off here but in the split cases: the others check the unsplit loop)
     if spec_name == "odd-bk128":
         c["BLOCK_K"] = 128
     if pdl:
@@ -367,7 +376,7 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     mod = load_interpreted("moe_router", c, kdir)
     g = torch.Generator().manual_seed(T)
     x = torch.randn(T, c["H"], generator=g)
-    x = x.bfloat16() if tf32x2 else x
+    x = x.bfloat16() if tf32x2 or bf16x3 else x
     W = torch.randn(c["E"], c["H"], generator=g) * 0.05
     bias = torch.randn(c["E"], generator=g) * 0.02
     if ties:  # exact ties: experts 1 and 2 (one group) copy expert 0, and group 1 copies group 0 (equal group scores)
@@ -382,7 +391,16 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
     assert int(mod.counters("cpu").abs().sum()) == 0, "the counter is not back at 0"
     assert mod.constexprs(T)["ONE_LAUNCH"] == (one_launch and T == 1)
-    assert mod.TF32X2 == tf32x2 and mod.W_SPLIT == w_split
+    assert mod.TF32X2 == tf32x2 and mod.W_SPLIT == w_split and mod.BF16X3 == bf16x3
+    assert mod.SPLIT_K == (split_k and path == "large")
+    if split_k:  # K split over programs (few tokens): partials after the logits, summed by the selection
+        assert mod.constexprs(T)["SPLITS"] == mod.k_splits(T) > 1
+        assert n >= T * c["E"] * (1 + mod.k_splits(T))
+    if bf16x3:  # W's three bf16 parts in the scratch, from a multiple of 64 after the logits: their sum is W exactly
+        o = mod._parts_offset(T)
+        assert o % 64 == 0 and o >= T * c["E"] and n == o + (3 * W.numel() + 1) // 2
+        parts = scratch[o:n].view(torch.bfloat16)[:3 * W.numel()].view(3, *W.shape).float()
+        assert torch.equal(parts[0] + parts[1] + parts[2], W) and parts[2].abs().max() > 0
     if w_split:  # W split once into the scratch: the per-tile split's operands, so the same logits, ids and weights
         tile_mod = load_interpreted("moe_router", per_tile, kdir)
         w0, i0, s0 = torch.full_like(weights, float("nan")), torch.full_like(ids, -1), torch.full((n + 64,), float("nan"))
@@ -435,6 +453,23 @@ def test_moe_router_tf32x2_render_interpreted(spec_name, path, T, interpreted):
     _check(interpreted, f"router[{spec_name}-{path}-{T}+tf32x2]")
 
 
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_BF16X3_CASES)
+def test_moe_router_bf16x3_render_interpreted(spec_name, path, T, interpreted):
+    """BF16X3 (bf16 x: W split by a first launch into three bf16 parts summing to W exactly, three MMAs a step; PDL
+    on): the parts' sum equal to W, the logits within 1e-6 of the exact product, the selection equal to the
+    reference's away from near-ties."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+bf16x3]")
+
+
+@pytest.mark.parametrize("spec_name,path,T", ROUTER_SPLIT_K_CASES)
+@pytest.mark.parametrize("bf16x3", [False, True])
+def test_moe_router_split_k_interpreted(spec_name, path, T, bf16x3, interpreted):
+    """SPLIT_K (the large path's K split over programs when T's tiles are fewer than a wave; the selection sums each
+    token's partials; fp32 x, and bf16 x with BF16X3 and PDL): the logits within 1e-6 of the exact product, the
+    selection equal to the reference's away from near-ties."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+splitk{'+bf16x3' if bf16x3 else ''}]")
+
+
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_SORT_CASES)
 @pytest.mark.parametrize("ties", [False, True])
 def test_moe_router_select_sort_interpreted(spec_name, path, T, ties, interpreted):
@@ -477,11 +512,17 @@ def _variants() -> list[tuple[str, str, dict]]:
             for path in ("small", "large"):
                 out.append((f"moe_router[{name},{path},select,iterative]", "moe_router",
                             {**router_constants(spec, path), "SELECT_SORT": False, "_OPTS": 1}))
-        if name == "full-tp8":  # TF32X2=False (TF32X2, W split by hand, is the bf16 default): tf32x3, cvt.rna
+        if name == "full-tp8":  # BF16X3=False (BF16X3, W's three bf16 parts, is the bf16 default): TF32X2 (W split
+            # by hand), tf32x3 (cvt.rna), and TF32X2 with W split once by a first launch
+            out.append((f"moe_router[{name},large,tf32x2]", "moe_router",
+                        {**router_constants(spec, "large"), "BF16X3": False}))
             out.append((f"moe_router[{name},large,tf32x3]", "moe_router",
-                        {**router_constants(spec, "large"), "TF32X2": False}))
-            out.append((f"moe_router[{name},large,w-split]", "moe_router",  # W split once, by a first launch
-                        {**router_constants(spec, "large"), "W_SPLIT": True}))
+                        {**router_constants(spec, "large"), "BF16X3": False, "TF32X2": False}))
+            out.append((f"moe_router[{name},large,w-split]", "moe_router",
+                        {**router_constants(spec, "large"), "BF16X3": False, "W_SPLIT": True}))
+            # SPLIT_K at 512 tokens (8 K splits; the selection sums the partials)
+            out.append((f"moe_router[{name},large,split-k,T512]", "moe_router",
+                        {**router_constants(spec, "large"), "SPLIT_K": True, "_T": 512}))
     return out
 
 
@@ -503,7 +544,8 @@ def _compile(args) -> dict:
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
                 router=template == "moe_router", router_path=constants.get("PATH"),
                 tf32_split=ptx.count("cvt.rna.tf32.f32"), tf32x2=bool(getattr(mod, "TF32X2", False)),
-                w_split=bool(getattr(mod, "W_SPLIT", False)),
+                w_split=bool(getattr(mod, "W_SPLIT", False)) or bool(getattr(mod, "BF16X3", False)),
+                bf16x3=bool(getattr(mod, "BF16X3", False)), bf16_mma=bool(re.search(r"mma\S*\.bf16\.bf16", ptx)),
                 pdl=constants.get("PDL", True), options=options,
                 launch_pdl=bool(ck.metadata.launch_pdl), one_launch=T == 1,
                 atomic=bool(re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx)), fence="fence.acq_rel.gpu" in ptx,
@@ -523,7 +565,9 @@ def test_aot_compile_every_variant(tmp_path):
         if r["router"] and r["router_path"] == "small":
             assert not r["mma"], f"{r['label']}: small-M fp32 router on tensor cores (TF32?)"
         if r["router"] and r["router_path"] == "large":  # 3xTF32: tensor cores, each operand split hi + lo
-            assert r["mma"] and (r["tf32_split"] == 0 if r["tf32x2"] else r["tf32_split"] >= 2), r
+            assert r["mma"] and (r["tf32_split"] == 0 if r["tf32x2"] or r["bf16x3"] else r["tf32_split"] >= 2), r
+            if r["label"].endswith("@sm_90"):  # BF16X3: bf16 wgmma (the others: TF32; sm_100's tcgen05 says f16)
+                assert r["bf16_mma"] == r["bf16x3"], r
         assert r["fp8_cvt"] == r["fp8"], r
         assert r["div_rn"] or not (r["router"] or r["fp8"]), r  # IEEE division: sigmoid, / scale
         want = dict(num_warps=r["options"]["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
@@ -536,8 +580,8 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (1 if not r["router"] or r["one_launch"] else 3 if r["w_split"] else 2), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 86
-    assert sum(r["pdl"] for r in results) == 60
+    assert len(results) == 2 * len(_variants()) == 90
+    assert sum(r["pdl"] for r in results) == 64
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
@@ -556,6 +600,12 @@ def _interpreter_cases(tiny):
                 for a, b, t in ROUTER_TF32X2_CASES)
     yield from ((f"router[{a}-{b}-{t}+wsplit]", lambda *x: check_router(*x, tf32x2=True, w_split=True), (a, b, t))
                 for a, b, t in ROUTER_TF32X2_CASES)
+    yield from ((f"router[{a}-{b}-{t}+bf16x3]", lambda *x: check_router(*x, bf16x3=True, pdl=True), (a, b, t))
+                for a, b, t in ROUTER_BF16X3_CASES)
+    yield from ((f"router[{a}-{b}-{t}+splitk]", lambda *x: check_router(*x, split_k=True), (a, b, t))
+                for a, b, t in ROUTER_SPLIT_K_CASES)
+    yield from ((f"router[{a}-{b}-{t}+splitk+bf16x3]", lambda *x: check_router(*x, split_k=True, bf16x3=True, pdl=True),
+                 (a, b, t)) for a, b, t in ROUTER_SPLIT_K_CASES)
     for ties in (False, True):
         yield from ((f"router[{a}-{b}-{t}+sort{'+ties' if ties else ''}]",
                      lambda *x, ties=ties: check_router(*x, select_sort=True, ties=ties), (a, b, t))

@@ -191,6 +191,14 @@ def _relayout_main(out: str, ckpt: str) -> None:
     r["handed_dropped"] = sorted(set(stored) - set(handed)) == sorted(changed)
     r["handed_kept"] = all(handed[n] is stored[n] for n in handed)
     r["handed_load_equal"] = all(torch.equal(m.weights[n], m3.weights[n]) for n in m.weights)
+    # the packed QKV+gate weights: storage for their rows up to a multiple of 8 (the prefill GEMM's aligned route)
+    from beamc.runtime import library
+
+    packed = [n for n, node in next(iter(m.package.steps.values())).graph.leaves("param").items()
+              if node.attrs.get("pack")]
+    r["packed_room"] = [(tuple(m.weights[n].shape), tuple(library.aligned_rows(m.weights[n]).shape),
+                         float(library.aligned_rows(m.weights[n])[m.weights[n].shape[0]:].abs().sum()))
+                        for n in packed]
     # layer by layer: when layer i is re-laid out, the ModelOpt codes / scales of layers < i are already freed
     owned = {n: stored[n].clone() for n in names}
     refs = [weakref.ref(owned[n]) for n in names if n in changed]
@@ -231,6 +239,8 @@ def test_nvfp4_experts_are_relaid_at_load(tiny_ckpt_nvfp4, tmp_path):
     assert r["changed"] == 5 * 4 and r["alive_at_each_layer"] == [20, 16, 12, 8, 4] and r["alive_after"] == 0, r
     assert len(r["owned_left"]) == 10 and all(n.endswith("_scale_2") for n in r["owned_left"]), r  # kept as given
     assert r["handed_dropped"] and r["handed_kept"] and r["handed_load_equal"], r
+    assert r["packed_room"] and all(w[1:] == a[1:] and a[0] % 8 == 0 and a[0] - w[0] < 8 and pad == 0
+                                    for w, a, pad in r["packed_room"]), r
 
 
 @pytest.fixture(scope="module")
@@ -450,6 +460,28 @@ def test_buffer_plan_shares_storage_only_between_disjoint_lifetimes(tiny_spec):
         assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans
     assert "scratch:mlp_gate" in shared.roots and shared.root("L0.q_heads") == "L0.qkvg_proj.0"
     assert shared.leaf[shared.root("L5.qk_norm_pos_kv.1")] == ("state", "kv.5.k")  # the cache, written in place
+
+
+def test_linear_packed_runs_over_the_rows_its_weight_has_room_for():
+    """library.linear_packed: the same parts whether the packed weight has storage for its rows up to a multiple of 8
+    (`with_row_room`: the GEMM then runs over them, its output rows 16-byte aligned) or not; a weight without that
+    room, or already aligned, is used as it is."""
+    from beamc.runtime import library
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(1030, 40, generator=g)
+    roomy = library.with_row_room(w)
+    assert torch.equal(roomy, w) and roomy.is_contiguous() and roomy.shape == w.shape
+    wide = library.aligned_rows(roomy)
+    assert wide.shape == (1032, 40) and wide.data_ptr() == roomy.data_ptr() and not wide[1030:].any()
+    assert library.aligned_rows(w) is w and library.aligned_rows(w[:1024]).shape == (1024, 40)
+    assert library.with_row_room(w[:1024]).shape == (1024, 40)
+    x = torch.randn(7, 40, generator=g)
+    parts = [(768, 128, 128, 6)]
+    for weight in (w, roomy):
+        outs = [torch.full((7, n), float("nan")) for n in parts[0]]
+        library.linear_packed(x, weight, *outs)
+        assert torch.allclose(torch.cat(outs, 1), x @ w.t(), rtol=1e-5, atol=1e-5)
 
 
 def test_buckets():

@@ -40,6 +40,7 @@ from beamc.errors import BeamcError
 from beamc.ir.dtypes import ir_dtype, torch_dtype
 from beamc.ir.graph import Graph
 from beamc.ir.ops import OPS
+from beamc.runtime import library
 from beamc.runtime.kv_cache import SlotTable, alloc_states
 
 ALIGN = 256  # bytes: every buffer starts on this boundary of the arena
@@ -474,8 +475,9 @@ class Model:
     def _load_weights(self, checkpoint, weights, graphs: dict[str, Graph],
                       take: bool = False) -> dict[str, torch.Tensor]:
         """The model's own dict of every param its steps read, on the device, checked against the graphs' types,
-        with the load-time transforms: packing (`with_packed_weights`) and the NVFP4 experts' relayout
-        (`_relayout_experts`). A caller's `weights` dict is changed only when `take` (Model.load's take_weights):
+        with the load-time transforms: packing (`with_packed_weights`; a packed weight's rows get storage up to a
+        multiple of 8 behind them, `library.with_row_room`, for the prefill GEMM's aligned route) and the NVFP4
+        experts' relayout (`_relayout_experts`). A caller's `weights` dict is changed only when `take` (Model.load's take_weights):
         then the relaid-out tensors are dropped from it; the model's dict shares its other tensors."""
         from beamc.runtime.interpret import _bind as bind_check, with_packed_weights
 
@@ -505,6 +507,8 @@ class Model:
                 t = weights[name].to(self.device)
                 bind_check(node.out, t, {}, f"param {name}")
                 out[name] = t.contiguous()
+                if node.attrs.get("pack") and node.attrs.get("dim") == 0 and t.dim() == 2:
+                    out[name] = library.with_row_room(out[name])
         self._relayout_experts(out, owned)
         self._check_f16_dot(out)
         return out  # the unpacked parts of packed params are dropped: no step reads them

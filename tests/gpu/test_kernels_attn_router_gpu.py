@@ -221,9 +221,47 @@ def _run_router(mod, x, W, bias):
 
 @pytest.mark.parametrize("spec_name,T,pdl", ROUTER_CASES)
 def test_moe_router(spec_name, T, pdl, kdir, summary):
+    _router_case(spec_name, T, pdl, kdir, summary)
+
+
+@pytest.mark.parametrize("spec_name,T", [("full", 70), ("full", 4096), ("full", 16384), ("odd", 70), ("odd", 1000),
+                                         ("tiny", 300)])
+def test_moe_router_bf16x3(spec_name, T, kdir, summary):
+    """BF16X3 (the large path's W split by a first launch into three exact bf16 parts, three bf16 MMAs a step): the
+    checks of every router case (logits within 1e-6 of the exact product, the reference's selection away from
+    near-ties), and its graph replay equal to its eager launch bit for bit, outputs poisoned first."""
+    mod = _router_case(spec_name, T, True, kdir, summary, dict(BF16X3=True))
+    assert mod.BF16X3 and not mod.TF32X2
+    x, W, bias = _router_inputs(mod.CONSTEXPRS, T, seed=T + 13)
+    _, _, same_graph, _, _, _ = _renders_agree(mod, mod, x, W, bias)
+    assert same_graph
+
+
+@pytest.mark.parametrize("spec_name,T", [("full", 70), ("full", 512), ("full", 2048), ("full", 4096), ("full", 16384),
+                                         ("odd", 1000), ("tiny", 300)])
+def test_moe_router_split_k(spec_name, T, kdir, summary):
+    """SPLIT_K (the default: the large path's K split over programs below a wave of tiles; the selection sums each
+    token's partials): the checks of every router case, its graph replay equal to its eager launch bit for bit, and
+    its ids equal to the unsplit render's away from near-ties; both timed."""
+    mod = _router_case(spec_name, T, True, kdir, summary, dict(SPLIT_K=True))
+    base = _module("moe_router", dict(_router_constants(spec_name, "large"), SPLIT_K=False), kdir)
+    assert mod.SPLIT_K and not base.SPLIT_K and mod.constexprs(T)["SPLITS"] == mod.k_splits(T)
+    x, W, bias = _router_inputs(mod.CONSTEXPRS, T, seed=T + 17)
+    _, _, same_graph, t0, t1, rows_differ = _renders_agree(base, mod, x, W, bias)
+    rec = dict(case=f"split-k-{spec_name}-T{T}", splits=mod.k_splits(T), graph_bitwise=same_graph, us_unsplit=t0,
+               us_split_k=t1, rows_differ=rows_differ)
+    summary["moe_router"].append(rec)
+    print(f"router split-k {spec_name} T{T} ({rec['splits']} splits): graph {same_graph}, rows differing "
+          f"{rows_differ}, {t0 and round(t0, 2)} -> {t1 and round(t1, 2)} us")
+    assert same_graph and rows_differ <= max(2, 0.01 * T), rec
+
+
+def _router_case(spec_name, T, pdl, kdir, summary, extra: dict | None = None):
+    """One router render (the default's constants, updated by extra) on fresh inputs, checked against the exact
+    product and the reference selection; recorded in the summary; returns the module."""
     torch.backends.cuda.matmul.allow_tf32 = False
     path = "small" if T <= 64 else "large"
-    c = _router_constants(spec_name, path, pdl)
+    c = dict(_router_constants(spec_name, path, pdl), **(extra or {}))
     mod = _module("moe_router", c, kdir)
     assert mod.OPTIONS["launch_pdl"] is pdl
     x, W, bias = _router_inputs(c, T, seed=T + len(spec_name))
@@ -245,7 +283,8 @@ def test_moe_router(spec_name, T, pdl, kdir, summary):
     w_rel_ref = float(((weights - w_ref).abs() / w_ref)[ok_ref].max()) if ok_ref.any() else 0.0
     scratch_t = torch.empty_like(scratch)
     us = _time_us(lambda: mod.launch(x, W, bias, weights, ids, scratch_t))
-    rec = dict(case=f"{spec_name}-T{T}-{path}{'' if pdl else '-no-pdl'}", logits_rel_exact=rel(logits, exact), cublas_rel_exact=rel(cublas, exact),
+    tag = "".join(f"-{k}={v}" for k, v in (extra or {}).items())
+    rec = dict(case=f"{spec_name}-T{T}-{path}{'' if pdl else '-no-pdl'}{tag}", logits_rel_exact=rel(logits, exact), cublas_rel_exact=rel(cublas, exact),
                logits_rel_cublas=rel(logits, cublas), ties_own=int((~ok_own).sum()), ties_ref=int((~ok_ref).sum()),
                ids_mismatch_own=int((ids != id_own)[ok_own].any(-1).sum()),
                ids_mismatch_ref=int((ids != id_ref)[ok_ref].any(-1).sum()),
@@ -259,6 +298,7 @@ def test_moe_router(spec_name, T, pdl, kdir, summary):
     assert rec["logits_rel_exact"] < 1e-6 and rec["logits_rel_cublas"] < 2e-6, rec
     assert rec["ids_mismatch_own"] == 0 and rec["ids_mismatch_ref"] == 0 and rec["ties_ref"] <= max(2, 0.05 * T), rec
     assert w_rel_own <= 1e-6 and w_rel_ref <= 1e-6 + 4 * rec["logits_rel_cublas"] * float(cublas.abs().max()), rec
+    return mod
 
 
 def _renders_agree(base, other, x, W, bias):
@@ -311,7 +351,8 @@ def test_moe_router_w_split(spec_name, T, kdir, summary):
     """W_SPLIT (the large path's TF32X2 with W's TF32 head and rest split once per launch into the scratch, by a first
     launch) against the per-tile split on the same inputs: the same logits, ids and weights bit for bit (the same
     operand values in the same MMAs), eagerly and replayed from a CUDA graph, outputs poisoned first; both timed."""
-    plain = _router_constants(spec_name, "large")
+    # (TF32X2: the default before BF16X3; W_SPLIT keeps K whole)
+    plain = dict(_router_constants(spec_name, "large"), BF16X3=False, SPLIT_K=False)
     base = _module("moe_router", plain, kdir)
     split = _module("moe_router", dict(plain, W_SPLIT=True), kdir)
     assert split.W_SPLIT and not base.W_SPLIT and base.TF32X2
