@@ -20,7 +20,7 @@
 #   bash bench/device_plan.sh emitter35      # the emitter's s35 256-row form: runtime test, odd shapes, graph replay
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
-#   bash bench/device_plan.sh s37            # the prefill router's GPU tests, timings at 512 - 16,384 tokens (~5 min)
+#   bash bench/device_plan.sh s37            # the prefill router's GPU tests and timings, the MoE's SORT_ALONE (~9 min)
 #   bash bench/device_plan.sh s36b           # the aligned QKV+gate route + BF16X3: runtime GPU tests, routes, the step
 #   bash bench/device_plan.sh router36       # the prefill router's BF16X3 render: GPU tests and timings (~6 minutes)
 #   bash bench/device_plan.sh regs256        # the 256-row form's store / A partitions on fewer registers: timings
@@ -166,12 +166,18 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step moe-s36-128 80 python3 bench/moe_prefill.py --tokens 4096,2048 --out "$OUT/bm128" \
       --only 'moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ$,WG_AQ WG_ACOPY4=0 WG_ATMA (atma4)'
     ;;
-  s37)  # the prefill router (BF16X3 + SPLIT_K, the defaults): all its GPU tests, then its timings at 512 - 16,384 tokens
-    # against the render without SPLIT_K and the 64-row tiles
-    tests t-router 200 tests/gpu/test_kernels_attn_router_gpu.py -k "router"
-    for t in 512 2048 4096 16384; do
-      step router-t$t 60 python3 bench/router_prefill.py --out "$OUT/t$t" --tokens $t --only 'no-split-k,bf16x3 T64 w4'
+  s37)  # (~9 minutes) the prefill router (BF16X3 + SPLIT_K, the defaults): its GPU tests, its timings at 512 - 16,384
+    # tokens against the render without SPLIT_K; then the MoE's sort as a binary of its own (SORT_ALONE): GPU cases
+    # (bitwise against the forms without it) and timings of both emitter forms with / without it
+    tests t-router 150 tests/gpu/test_kernels_attn_router_gpu.py -k "moe_router or pdl_chain"
+    for t in 512 4096 16384; do
+      step router-t$t 45 python3 bench/router_prefill.py --out "$OUT/t$t" --tokens $t --only 'no-split-k'
     done
+    tests t-sort 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k "sort"
+    step moe-sort 100 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT/moe16k" \
+      --only 'WG_ACOPY4=0 WG_ATMA WG_DSTORE (dstore),WG_DSTORE SORT_ALONE'
+    step moe-sort-128 60 python3 bench/moe_prefill.py --tokens 2048 --out "$OUT/moe2k" \
+      --only 'moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ$,WG_AQ SORT_ALONE (sort)'
     ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"

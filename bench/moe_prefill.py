@@ -136,6 +136,14 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_DSTORE (dstore)",
      dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True, WG_ACOPY4=False,
           WG_ATMA=True, WG_DSTORE=True), True),
+    # ... the emitter's form (the last) with stages 0-2 as a binary of their own on 4 warps (SORT_ALONE: without it
+    # they run in the binary of the Triton GEMM stages, 210 KB of shared memory, one program per SM), and on 8
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_DSTORE SORT_ALONE (sort)",
+     dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True, WG_ACOPY4=False,
+          WG_ATMA=True, WG_DSTORE=True, SORT_ALONE=True), True),
+    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_DSTORE SORT_ALONE SORT_WARPS=8 (sort)",
+     dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True, WG_ACOPY4=False,
+          WG_ATMA=True, WG_DSTORE=True, SORT_ALONE=True, SORT_WARPS=8), True),
     # ... with the load partition's A-row copies of a step after its fence (WG_ALATE), alone and with WG_WTMA
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ALATE (wtma)",
      dict(_LOAD8S3, WG_ALATE=True), True),
@@ -170,6 +178,9 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ WG_DSTORE (dstore)",
      dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True, WG_DSTORE=True),
      True),
+    ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ SORT_ALONE (sort)",
+     dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True,
+          SORT_ALONE=True), True),
     ("moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ WG_ACOPY4=0 WG_ATMA (atma4)",
      dict(WGMMA=True, WG_WSTEPS=2, WG_ACOPY=True, WG_HRES=True, WG_V16=True, WG_HALF=True, WG_AQ=True, WG_ACOPY4=False,
           WG_ATMA=True), True),

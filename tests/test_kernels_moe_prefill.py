@@ -147,6 +147,12 @@ CASES = {
     "e7-k3-T40-sparse-scan-seq": (7, 64, 32, 3, 40, "sparse", 0, dict(SCAN_PAR=False)),
     "e5-k3-T7-bad-ids-scan-seq": (5, 64, 32, 3, 7, "bad", 0, dict(SCAN_PAR=False)),
     "e7-k2-T40-block32-chunk64-scan-seq": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64, SCAN_PAR=False)),
+    # SORT_ALONE: stages 0-2 as a binary of their own (ONLY = 0), with and without PDL, bad ids, the one-program scan
+    "e5-k3-T7-bad-ids-sort-alone": (5, 64, 32, 3, 7, "bad", 0, dict(SORT_ALONE=True)),
+    "e7-k3-T40-sparse-sort-alone-pdl": (7, 64, 32, 3, 40, "sparse", 8, dict(SORT_ALONE=True, PDL=True)),
+    "e7-k2-T40-block32-chunk64-sort-alone-scan-seq": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64,
+                                                                                       SORT_ALONE=True,
+                                                                                       SCAN_PAR=False)),
 }
 
 
@@ -154,6 +160,9 @@ def run_case(name: str, kdir: Path) -> dict:
     E, H, I, k, T, kind, pad, extra = CASES[name]
     mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", prefill_constants(E, H, I, k, **extra)), kdir)
     assert mod._interpreted(), "triton did not pick the interpreter"
+    if mod.SORT_ALONE:  # the sort's three launches with the binary that leaves the GEMM stages out
+        assert all(mod.STAGE_OPTIONS[st]["constexprs"] == {"ONLY": 0} for st in (0, 1, 2))
+        assert mod.STAGE_OPTIONS[3] is mod.OPTIONS and len(mod.LAUNCH_OPTIONS) == 2
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     params = nvfp4_experts(E, H, I, g)
     x = torch.randn(T, H + pad, generator=g)[:, :H]  # strided rows when pad > 0
@@ -400,6 +409,11 @@ VARIANTS = {
                                                  90) for i in (2, 3)},
     # SCAN_PAR=False (the one-program stage 1): the sort's binary
     "full-tp8-dequant-scan-seq-relaid-o0@90": (_full, dict(DEQUANT=True, SCAN_PAR=False, RELAID=True, OPTION=0), 90),
+    # SORT_ALONE: the sort's binary of its own (option 1, ONLY = 0: no GEMM in it, little shared memory), and the
+    # GEMM stages' binary beside it (option 0)
+    **{f"full-tp8-sort-alone-relaid-o{i}@{a}": (_full, dict(SORT_ALONE=True, RELAID=True, OPTION=i,
+                                                           **({"SWAP": False} if a == 100 else {})), a)
+       for i in (0, 1) for a in (90, 100)},
 }
 
 
@@ -466,6 +480,8 @@ def test_bf16_aot_compiles(variant, compiled):
     if r["pdl"]:
         assert r["waits"] == 1 and r["loads_before_wait"] == [0], r
     gemm = r["only"] in (-1, 3, 4) and not (r["dequant"] and r["only"] == -1)  # (DEQUANT's sort binary: no GEMM)
+    if r["only"] == 0:  # SORT_ALONE's sort binary: no MMA, no pipelined loads, ~2 KB of shared memory
+        assert not r["wgmma"] and not r["tcgen05"] and not r["cp_async"] and r["shared"] <= 8192, r
     if gemm:
         assert r["wgmma"] if r["arch"] == 90 else r["tcgen05"], r  # the GEMMs on tensor cores
         assert r["cp_async"], r  # the K loops' loads pipelined
@@ -477,7 +493,8 @@ def test_bf16_aot_compiles(variant, compiled):
         assert r["e2m1_cvt"], r  # e2m1 converted on the dot_scaled path
     if variant.startswith("full"):
         assert r["tiles"] == (64 if r["swap"] else 128, 0, 0), r  # (SWAP: BLOCK_M 64, 4 warps; DEQUANT: 128)
-    if r["relaid"] and not r["dequant"]:  # the re-laid-out weights' loads as vectorised as the ModelOpt bytes'; no spills
+    if r["relaid"] and not r["dequant"] and r["only"] == -1 and "sort-alone" not in variant:
+        # the re-laid-out weights' loads as vectorised as the ModelOpt bytes'; no spills
         modelopt = compiled[variant.replace("-relaid", "")].result()
         # (48 vs 42 at TP 8 with Triton 3.9 since the part-of-a-chunk words load one column at a time, the form
         # Triton 3.6 compiles; the H200 decides which is faster)

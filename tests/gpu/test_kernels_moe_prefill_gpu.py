@@ -32,7 +32,13 @@ from beamc.ir.reference import REFS
 from beamc.spec import load_spec
 from conftest import captured_graph, write_gpu_summary
 from test_kernels_moe import moe_constants, nvfp4_experts
-from test_kernels_moe_wgmma import FORMS as WG_FORMS  # (the WGMMA render's tile forms, compiled there)
+from test_kernels_moe_wgmma import FORMS as _WG_FORMS  # (the WGMMA render's tile forms, compiled there)
+
+# ... and the emitter's two forms with SORT_ALONE (stages 0-2 as a binary of their own: the same stages 3 and 4)
+WG_FORMS = {**_WG_FORMS,
+            "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort":
+                dict(_WG_FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], SORT_ALONE=True),
+            "acopy-hres-wsteps2-v16-half-aq-sort": dict(_WG_FORMS["acopy-hres-wsteps2-v16-half-aq"], SORT_ALONE=True)}
 
 pytestmark = pytest.mark.gpu
 
@@ -413,7 +419,12 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-dstore"),
     # the 128-row form's resident h rows by TMA (bitwise against the form with its A partition in stage 4)
     ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-atma4"),
-    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-atma4")])
+    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-atma4"),
+    # SORT_ALONE (bitwise against the same form without it)
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort"),
+    ("tp8", 1000, "repeat", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort"),
+    ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-sort"),
+    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-sort")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -421,7 +432,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     scale on the fp32 sums instead of on the bf16 weights: ~1e-3 expected). At 1,000 tokens also the ModelOpt bytes
     (the Triton stages of the same module: BLOCK_M 128) against the fp32 reference."""
     mod = _module(shape, tmp_path_factory, WGMMA=True, **WG_FORMS[form])
-    assert mod.WGMMA and not mod.DEQUANT and len(mod.LAUNCH_OPTIONS) == 3
+    assert mod.WGMMA and not mod.DEQUANT and len(mod.LAUNCH_OPTIONS) == 3 + mod.SORT_ALONE
     params, relaid = _weights(shape), _relaid(shape, tmp_path_factory)
     g = torch.Generator().manual_seed(M + 3 * len(kind))
     x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
@@ -459,7 +470,9 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
         # the words' TMA boxes give the tiles the cp.async copies give
         ("bitwise_equal_without_wtma", mod.WG_WTMA, {k: v for k, v in f.items() if k != "WG_WTMA"}),
         # the words' copies in runs of 4 steps give the tiles runs of 2 give
-        ("bitwise_equal_wsteps2", form.startswith("bm256-wsteps4"), dict(f, WG_WSTEPS=2, WG_WDEPTH=2)))
+        ("bitwise_equal_wsteps2", form.startswith("bm256-wsteps4"), dict(f, WG_WSTEPS=2, WG_WDEPTH=2)),
+        # the sort in a binary of its own sorts as it does in the GEMMs' binary
+        ("bitwise_equal_without_sort_alone", mod.SORT_ALONE, {k: v for k, v in f.items() if k != "SORT_ALONE"}))
     for key, applies, twin in twins:
         if applies:
             line[key] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **twin), relaid, x, idx)))
@@ -473,6 +486,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line.get("bitwise_equal_without_half", True) and line.get("bitwise_equal_wsteps2", True), line
     assert line.get("bitwise_equal_without_wtma", True) and line.get("bitwise_equal_with_fence", True), line
     assert line.get("bitwise_equal_without_atma", True) and line.get("bitwise_equal_without_dstore", True), line
+    assert line.get("bitwise_equal_without_sort_alone", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
