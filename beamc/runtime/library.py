@@ -30,11 +30,15 @@ def copy_parts(y, outs):
 ROW_ALIGN = 8  # output columns a multiple of 8 bf16: 16-byte rows, which cuBLAS's TMA GEMMs need
 
 
+def _aligned(n: int) -> int:
+    return -(-n // ROW_ALIGN) * ROW_ALIGN
+
+
 def with_row_room(w: torch.Tensor) -> torch.Tensor:
     """w [N, K] (contiguous) as a view into storage of N rounded up to a multiple of ROW_ALIGN rows, the rows past
     N zero: the same tensor to every reader, with room for `aligned_rows` behind it (a load-time copy, once)."""
     n, k = w.shape
-    n_al = -(-n // ROW_ALIGN) * ROW_ALIGN
+    n_al = _aligned(n)
     if n_al == n:
         return w
     room = torch.zeros((n_al, k), dtype=w.dtype, device=w.device)
@@ -46,7 +50,7 @@ def aligned_rows(w: torch.Tensor) -> torch.Tensor:
     """w [N, K] widened to its storage's rows up to a multiple of ROW_ALIGN where the storage holds them (a weight
     loaded through `with_row_room`), else w itself."""
     n, k = w.shape
-    n_al = -(-n // ROW_ALIGN) * ROW_ALIGN
+    n_al = _aligned(n)
     if n_al == n or not w.is_contiguous():
         return w
     if w.untyped_storage().nbytes() < (w.storage_offset() + n_al * k) * w.element_size():

@@ -477,8 +477,8 @@ class Model:
         """The model's own dict of every param its steps read, on the device, checked against the graphs' types,
         with the load-time transforms: packing (`with_packed_weights`; a packed weight's rows get storage up to a
         multiple of 8 behind them, `library.with_row_room`, for the prefill GEMM's aligned route) and the NVFP4
-        experts' relayout (`_relayout_experts`). A caller's `weights` dict is changed only when `take` (Model.load's take_weights):
-        then the relaid-out tensors are dropped from it; the model's dict shares its other tensors."""
+        experts' relayout (`_relayout_experts`). A caller's `weights` dict is changed only when `take` (Model.load's
+        take_weights): then the relaid-out tensors are dropped from it; the model's dict shares its other tensors."""
         from beamc.runtime.interpret import _bind as bind_check, with_packed_weights
 
         wdtype = torch.float32 if self.dtype == "f32" else torch_dtype(self.spec.dtypes.activations)
