@@ -60,7 +60,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -169,7 +169,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
   s37)  # (~9 minutes) the prefill router (BF16X3 + SPLIT_K, the defaults): its GPU tests, its timings at 512 - 16,384
     # tokens against the render without SPLIT_K; then the MoE's sort as a binary of its own (SORT_ALONE): GPU cases
     # (bitwise against the forms without it) and timings of both emitter forms with / without it
-    tests t-router 150 tests/gpu/test_kernels_attn_router_gpu.py -k "moe_router or pdl_chain"
+    tests t-router 150 tests/gpu/test_kernels_attn_router_gpu.py -k "any_num_warps or pdl_chain"
     for t in 512 4096 16384; do
       step router-t$t 45 python3 bench/router_prefill.py --out "$OUT/t$t" --tokens $t --only 'no-split-k'
     done
@@ -178,6 +178,11 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --only 'WG_ACOPY4=0 WG_ATMA WG_DSTORE (dstore),WG_DSTORE SORT_ALONE'
     step moe-sort-128 60 python3 bench/moe_prefill.py --tokens 2048 --out "$OUT/moe2k" \
       --only 'moe_nvfp4_prefill wgmma relaid WG_WSTEPS=2 WG_ACOPY WG_HRES WG_V16 WG_HALF WG_AQ$,WG_AQ SORT_ALONE (sort)'
+    ;;
+  s37b)  # SORT_ALONE's remaining GPU cases (s37run1 reached only the 16,384-token one), then the prefill step with it
+    tests t-sort2 270 tests/gpu/test_kernels_moe_prefill_gpu.py -k "sort and not 16384"
+    step variants-prefill 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s37 \
+      --variant sort=moe_nvfp4_prefill.SORT_ALONE=true
     ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
@@ -238,7 +243,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -139,6 +139,13 @@ FORMS = {"default": {}, "wdepth8": dict(WG_WDEPTH=8), "bn128": dict(WG_BN=128, W
          # -40% against the 256-row form), the decode per FLOP twice the 256-row form's; a ring slot ahead (217 KB)
          "bn128-wsteps2-v16-hres": dict(WG_BN=128, WG_STAGES=3, WG_WDEPTH=1, WG_WSTEPS=2, WG_V16=True, WG_HRES=True,
                                         WG_HALF=True)}
+# ... and the emitter's forms with SORT_ALONE (the sort's stages 0-2 as a binary of their own: stages 3 and 4, the Gluon
+# kernel compiled here, are the same source, so these are compiled by test_kernels_moe_prefill's AOT cases instead)
+SORT_FORMS = {f"{name}-sort": dict(FORMS[name], SORT_ALONE=True)
+              for name in ("bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore",
+                           "bm256-wsteps2-v16-half-load4-acopy-atma4-dstore",
+                           "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-a64", "acopy-hres-wsteps2-v16-half-aq")}
+FORMS.update(SORT_FORMS)
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -206,7 +213,7 @@ def test_wgmma_renders_compile_for_sm90a():
     h rows resident, one buffer a K step); the load partition's registers given back to the MMA partition
     (setmaxnreg: its share as the template's WG_MMA_REGS computes it), whose wgmma ptxas did not serialise."""
     jobs = [(s, _constants(s)) for s in SHAPES] + [(f"full-tp8-{f}", _constants("full-tp8", **kw))
-                                                   for f, kw in FORMS.items() if kw]
+                                                   for f, kw in FORMS.items() if kw and f not in SORT_FORMS]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         rows = [r for rs in pool.map(_compile, jobs) for r in rs]
     assert len(rows) == 2 * len(jobs)

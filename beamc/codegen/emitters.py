@@ -312,9 +312,12 @@ MOE_WGMMA_FORMS = {
     # take them, `wtma_shapes`: s34run1)
     # (s35run4-5: stage 3's A rows by the A partition beside 4 load warps, stage 4's by TMA, stage 4's stores
     # deferred into the next tile's K steps; WG_A32 up to `a32_max_tokens`, `_moe_experts` renders it without above)
+    # (s37run1-2: the sort's stages 0-2 as a binary of their own, SORT_ALONE: the GEMM binary's 215 KB of shared
+    # memory left one sorting program per SM; stage 2 149 -> 82 us)
     "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
                   WG_LOAD_WARPS=4, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_WTMA=True,
-                  WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_ACOPY4=False, WG_ATMA=True, WG_DSTORE=True)}
+                  WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_ACOPY4=False, WG_ATMA=True, WG_DSTORE=True,
+                  SORT_ALONE=True)}
 # the 128-row form's WG_HRES keeps a row block's h (128 x I bf16) resident in stage 4's shared memory: beside its ring
 # that fits up to I / 64 = 6 K steps (the template's WG_SMEM4: 16 KB a step + 121 KB, within 227 KB); above (TP < 8
 # of the full spec: I 640 .. 2,560) the form runs without it
@@ -341,12 +344,16 @@ MOE_WGMMA_CHOICE = {"wgmma_from_tokens": MOE_WGMMA_MIN_TOKENS, "bm256_from_token
                                                 "prefill_step_ms": [394.48, 384.50, 379.72]},
                     "bm256_wg_wtma": {"device": "H100", "us_16384": [3379.5, 3211.9],
                                       "prefill_step_ms": [394.29, 392.38]},
+                    "bm256_sort_alone": {"device": "H100", "us_16384": [2938.5, 2871.6], "stage2_us": [149.4, 82.0],
+                                         "prefill_step_ms": [371.91, 366.52], "logits": "bitwise",
+                                         "bm128_us_2048": [901.6, 898.0]},
                     "source": "bench/results/moe-prefill-2026-12-05-s28run2.json, moe-prefill-2026-12-05-s29run3.json, "
                               "moe-prefill-2026-12-05-s31run1.json, variants-2026-12-05-s31run2.json (H200); "
                               "moe-prefill-2026-12-05-s32run1.json, variants-2026-12-05-s32run7-l{4,8}.json (H100); "
                               "moe-prefill-2026-12-05-s32run9{,-2048}.json, moe-prefill-2026-12-05-s32run10-*.json "
                               "(H200); moe-prefill-2026-12-06-s34run1.json, variants-2026-12-06-s34run2.json, "
-                              "moe-prefill-2026-12-06-s35run4.json, variants-2026-12-06-s35run5.json (H100)"}
+                              "moe-prefill-2026-12-06-s35run4.json, variants-2026-12-06-s35run5.json, "
+                              "moe-prefill-2026-12-06-s37run1{,-bm128}.json, variants-2026-12-06-s37run2.json (H100)"}
 MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis": "measured",
                       "down_dequantised_from": MOE_DEQUANT_DOWN_MIN_TOKENS,
                       "figures": [{"tokens": t, "in_loop_us": a, "dequant_us": b, "dequant_down_us": c}

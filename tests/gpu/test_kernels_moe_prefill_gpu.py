@@ -32,13 +32,7 @@ from beamc.ir.reference import REFS
 from beamc.spec import load_spec
 from conftest import captured_graph, write_gpu_summary
 from test_kernels_moe import moe_constants, nvfp4_experts
-from test_kernels_moe_wgmma import FORMS as _WG_FORMS  # (the WGMMA render's tile forms, compiled there)
-
-# ... and the emitter's two forms with SORT_ALONE (stages 0-2 as a binary of their own: the same stages 3 and 4)
-WG_FORMS = {**_WG_FORMS,
-            "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort":
-                dict(_WG_FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], SORT_ALONE=True),
-            "acopy-hres-wsteps2-v16-half-aq-sort": dict(_WG_FORMS["acopy-hres-wsteps2-v16-half-aq"], SORT_ALONE=True)}
+from test_kernels_moe_wgmma import FORMS as WG_FORMS  # (the WGMMA render's tile forms, compiled there)
 
 pytestmark = pytest.mark.gpu
 
