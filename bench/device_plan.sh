@@ -60,7 +60,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -184,6 +184,24 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s37 \
       --variant sort=moe_nvfp4_prefill.SORT_ALONE=true
     ;;
+  ncu37)  # (~6 minutes) where the two compute buckets of the prefill step spend their time now: the emitter's 256-row
+    # MoE form (stages 3 and 4) and the full layer's WGMMA attention pass, ncu with the memory / compute sections
+    step ncu 540 env OUT="$OUT" bash bench/ncu_source.sh "moe-wgmma attn-wgmma"
+    ;;
+  s37c)  # (~8 minutes) WG_DPAIRS (stage 4's store chunks' pair indices loaded a K step ahead): GPU cases bitwise against
+    # the emitter's form without it, its timing beside that form, then the prefill step with / without it
+    tests t-dpairs 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k dpairs
+    step moe-dpairs 80 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT/moe16k" \
+      --only 'WG_DSTORE SORT_ALONE (sort),(dpairs)'
+    step variants-prefill 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s37-dpairs \
+      --variant dpairs=form.bm256.WG_DPAIRS=true
+    ;;
+  s37d)  # (~5 minutes) TILE_ORDER (the plan ranks the attention's token tiles by their work; ncu s37run3: the full
+    # layer's WGMMA pass has its SMs active 84% of its cycles): GPU cases bitwise, then the full layer at 100K with / without
+    tests t-order 140 tests/gpu/test_kernels_attention_prefill_gpu.py -k tile_order
+    step attn-order 120 python3 bench/attention_prefill.py --out "$OUT" --cases full:f8e4m3:100000 \
+      --tiles '[{"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "TILE_ORDER": true}]'
+    ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
     step router-t512 40 python3 bench/router_prefill.py --out "$OUT/t512" --tokens 512 --only 'no-split-k'
@@ -243,7 +261,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

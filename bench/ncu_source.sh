@@ -21,7 +21,7 @@ prof() {  # NAME LAUNCH_COUNT CMD...  (kre=REGEX: the kernels' names, by default
   echo "== $name: $*"
   ncu --clock-control none --kernel-name "regex:${kre:-^kernel\$}" --launch-skip 2 --launch-count "$count" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section SourceCounters --import-source yes -f -o "$out/$name" "$@" > "$out/$name.log" 2>&1
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SourceCounters --import-source yes -f -o "$out/$name" "$@" > "$out/$name.log" 2>&1
   echo "   rc $? ($(tail -1 "$out/$name.log"))"
   ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/$name-sass.csv" 2>> "$out/$name.log"
   ncu -i "$out/$name.ncu-rep" --page details > "$out/$name-details.txt" 2>> "$out/$name.log"
@@ -37,10 +37,13 @@ for what in "${@:-qkn moe router}"; do
       moe-frag-cp) prof moe-frag-cp-t1 2 python3 bench/moe_frag_bench.py --ncu --tokens 1 --variants "cp.async g5 r96" ;;
       router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
       moe-wgmma) kre='^wg_kernel$' prof moe-wgmma-16k 2 \
-                   python3 bench/moe_prefill.py --tokens 16384 \
-                   --ncu '{"WGMMA": true, "BLOCK_M": 256, "WG_STAGES": 3, "WG_WDEPTH": 2, "WG_WSTEPS": 2, "WG_V16": true, "WG_HALF": true}' ;;
+                   python3 bench/moe_prefill.py --tokens 16384 --ncu "$(python3 -c 'import json
+from beamc.codegen.emitters import MOE_WGMMA_FORMS
+print(json.dumps(MOE_WGMMA_FORMS["bm256"]))')" ;;  # (the emitter's 256-row form as it is now)
       attn-wgmma) kre='^wg_attention$' prof attn-wgmma-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
-                    --tiles '[{"MIRROR": true, "WGMMA": true}]' ;;
+                    --tiles "[$(python3 -c 'import json
+from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
+print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))')]" ;;  # (the emitter's full-layer pass)
       attn-mirror) prof attn-mirror-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
                      --tiles '[{"MIRROR": true}]' ;;  # (launch 3 of `kernel`: the first launch's stage 2)
       *) echo "unknown profile $w" ;;

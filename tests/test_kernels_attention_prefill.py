@@ -159,7 +159,27 @@ CASES = {
     "ring-w20-fp8-mirror-tma-gate": (constants(4, 2, 32, 20, None, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=8,
                                                TMA=True, GATE=True, **SMALL), [(1, 40, 70), (0, 3, 5), (3, 100, 17)],
                                      True),
+    # TILE_ORDER: the plan ranks the tiles by the key positions their trips read, the passes take them in that order
+    # (the same bits; shuffled tokens: runs of one slot within a tile are short; 12 tiles ranked in chunks of 4)
+    "paged4-full-fp8-mirror-order": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=64,
+                                               TILE_ORDER=True, **SMALL), [(1, 45, 11), (0, 0, 9), (2, 7, 1)], False),
+    "ring-w20-fp8-mirror-tma-gate-order": (constants(4, 2, 32, 20, None, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=8,
+                                                     TMA=True, GATE=True, TILE_ORDER=True, PLAN_TILES=4, **SMALL),
+                                           [(1, 40, 70), (0, 3, 5), (3, 100, 17)], True),
 }
+
+
+def tile_work(c: dict, slot: torch.Tensor, pos: torch.Tensor, block_t: int) -> list[int]:
+    """TILE_ORDER's work of each token tile, in Python: per run of one slot among a tile's consecutive tokens, its
+    last position + 1, less (with a window) its first one's window start."""
+    out = []
+    for t0 in range(0, len(slot), block_t):
+        s, p = slot[t0:t0 + block_t].tolist(), pos[t0:t0 + block_t].tolist()
+        w = sum(p[i] + 1 for i in range(len(s)) if i + 1 == len(s) or s[i + 1] != s[i])
+        if c["WINDOW"]:
+            w -= sum(max(p[i] - (c["WINDOW"] - 1), 0) for i in range(len(s)) if i == 0 or s[i - 1] != s[i])
+        out.append(w)
+    return out
 
 
 def check_case(name: str, directory: Path) -> dict:
@@ -184,13 +204,21 @@ def check_case(name: str, directory: Path) -> dict:
     facts = dict(err=float("inf") if out.isnan().any() else rel_err(out, want), tiles=-(-len(ins[0]) // mod.BLOCK_T))
     if mod.MIRROR:  # the same bits as the render without MIRROR; which slots the plan mirrored
         plain = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention",
-                                       {k: v for k, v in c.items() if k not in ("MIRROR", "MIRROR_PAGES", "TMA")}),
+                                       {k: v for k, v in c.items()
+                                        if k not in ("MIRROR", "MIRROR_PAGES", "TMA", "TILE_ORDER")}),
                            directory)
         base = torch.full_like(out, float("nan"))
         plain.launch(*ins, *gate, base)
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (out - base).abs().max()
         facts["mirrored_slots"] = int((scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[:4] >= 0).sum())
         assert facts["mirrored_slots"] == (1 if name.endswith("-short") else 3), facts
+    if mod.TILE_ORDER:  # the plan's order: a permutation of the tiles, by work (the Python rule's), the most first
+        n = facts["tiles"]
+        meta = scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[3 * mod.MIRROR_SLOTS:]
+        order, work = meta[:n].tolist(), meta[n:2 * n].tolist()
+        assert work == tile_work(c, ins[3], ins[4], mod.BLOCK_T), (work, tile_work(c, ins[3], ins[4], mod.BLOCK_T))
+        assert sorted(order) == list(range(n)) and order == sorted(range(n), key=lambda j: (-work[j], -j)), order
+        facts["order"] = order
     return facts
 
 
@@ -266,7 +294,11 @@ def _jobs() -> list[tuple[str, dict, int]]:
     ring += [(f"full-tp8,sliding,f8e4m3,{'gate,' if gate else ''}mirror,wgmma,split",
               dict(spec_constants(full, 8, "sliding", "f8e4m3"), GATE=gate, MIRROR=True, WGMMA=True, WG_SPLIT=True,
                    _OPTION=4), 90) for gate in (False, True)]
-    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring
+    # TILE_ORDER (the plan's ranking of the tiles by their work): the emitter's full-layer form's plan and Gluon pass
+    order = [(f"full-tp8,full,f8e4m3,gate,mirror,wgmma,split,order,o{i}",
+              dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True, MIRROR=True, WGMMA=True,
+                   WG_SPLIT=True, TILE_ORDER=True, _OPTION=i), 90) for i in (1, 4)]
+    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring + order
 
 
 def _compile(args) -> dict:
@@ -310,7 +342,7 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["waits"] == 1, r
         if r["arch"] == 90 and r["stage"] == 2 and "f8e4m3" in r["label"]:  # wgmma operands: fp16 only with F16_DOT
             assert r["wgmma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
-    assert len(results) == 30
+    assert len(results) == 32
 
 
 # ---------------------------------------------------------------- 3. the contract

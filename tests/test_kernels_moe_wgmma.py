@@ -146,6 +146,9 @@ SORT_FORMS = {f"{name}-sort": dict(FORMS[name], SORT_ALONE=True)
                            "bm256-wsteps2-v16-half-load4-acopy-atma4-dstore",
                            "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-a64", "acopy-hres-wsteps2-v16-half-aq")}
 FORMS.update(SORT_FORMS)
+# ... the emitter's 256-row form with each store chunk's pair indices loaded a K step ahead (WG_DPAIRS)
+FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs"] = dict(
+    FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], WG_DPAIRS=True)
 
 
 def _constants(shape: str, **extra) -> dict:

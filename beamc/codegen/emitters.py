@@ -546,7 +546,11 @@ def attention_dot(cache_dtype: str, dtype: str) -> dict:
 # layer, 8 sequences x 2,048 new tokens over 100K of fp8 context, ms): the Triton pass 14.72 (345 TFLOP/s), WGMMA
 # 11.01, WGMMA + WG_SPLIT 10.35 (491), + 6 ring slots 10.53, 3 slots 11.09; the outputs equal the Triton pass's within
 # 1e-2 (13 GPU tests). Pinning `--set attention_prefill.WGMMA=false` keeps the Triton pass.
-ATTENTION_WGMMA_TILES = dict(WGMMA=True, WG_SPLIT=True)
+# TILE_ORDER (s37run5-6, H100, the same layer): the plan ranks the token tiles by their work and the passes take the
+# most first (7 of the 781 tiles straddle two sequences: two trips each, one left in the last wave idled the other
+# SMs: ncu s37run3, SMs active 84% of the cycles): 10,025 -> 9,422 us (507 -> 540 TFLOP/s), the same bits (5 GPU
+# cases, graph replay too). Not yet timed in the prefill step (expected -9 x 0.6 ms).
+ATTENTION_WGMMA_TILES = dict(WGMMA=True, WG_SPLIT=True, TILE_ORDER=True)
 ATTENTION_WGMMA_HEAD_DIMS = (64, 128)  # (the render's wgmma tiles: two warpgroups of 64 rows, K steps of 16)
 
 

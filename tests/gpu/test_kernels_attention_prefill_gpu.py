@@ -302,6 +302,47 @@ def test_wgmma_render_matches_reference(kind, case, short, gate, tiles, kdir):
     assert nan == 0 and err < 1e-2, line
 
 
+@pytest.mark.parametrize("kind,case,short,tiles", [
+    ("full", "ragged-shuffled", False, dict(WGMMA=True, WG_SPLIT=True)),  # tiles straddling sequences
+    ("full", "long-100k+decode", True, dict(WGMMA=True, WG_SPLIT=True)),  # the other slots' rows from the pool
+    ("full", "ragged", False, {}),  # the Triton MIRROR pass
+    ("sliding", "long-100k+decode", False, dict(WGMMA=True, WG_SPLIT=True))])
+def test_tile_order_gives_the_same_bits(kind, case, short, tiles, kdir):
+    """TILE_ORDER (the plan ranks the token tiles by their work and the passes take them in that order): the same
+    bits as the same render without it, eager and under graph replay; the order a permutation of the tiles."""
+    pages = SHORT_PAGES[kind] if short else None
+    c = dict(_constants(kind, "f8e4m3"), MIRROR=True, **({"MIRROR_PAGES": pages} if pages else {}), **tiles)
+    base = load_kernel(KernelSpec("attention_prefill", "attention", c), kdir)
+    ordered = load_kernel(KernelSpec("attention_prefill", "attention", dict(c, TILE_ORDER=True)), kdir)
+    assert ordered.TILE_ORDER and not base.TILE_ORDER
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=13, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
+    T = ins[0].shape[0]
+    outs = []
+    for m in (base, ordered):
+        out = torch.full_like(ins[0], float("nan"))
+        scratch = torch.full((m.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
+        m.launch(*ins, out, scratch)
+        torch.cuda.synchronize()
+        outs.append(out.clone())
+        if m is ordered:
+            n = -(-T // m.BLOCK_T)
+            order = scratch[2 * m.MIRROR_NUMEL:].view(torch.int32)[3 * m.MIRROR_SLOTS:][:n]
+            assert sorted(order.tolist()) == list(range(n))
+            out.fill_(float("nan"))  # ... and under graph replay
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                m.launch(*ins, out, scratch)
+            graph.replay()
+            torch.cuda.synchronize()
+            outs.append(out)
+    line = dict(kind=kind, case=case, tiles=tiles, tokens=T, bitwise=bool(torch.equal(outs[1], outs[0])),
+                bitwise_graph=bool(torch.equal(outs[2], outs[0])), nan=int(outs[0].isnan().sum()))
+    SUMMARY.setdefault("tile_order", []).append(line)
+    print(f"attention_prefill TILE_ORDER {case}: {line}")
+    assert line["nan"] == 0 and line["bitwise"] and line["bitwise_graph"], line
+
+
 @pytest.mark.parametrize("kind,cache,tiles", [("full", "f8e4m3", dict(MIRROR=True)), ("full", "bf16", {}),
                                               ("sliding", "bf16", {}), ("sliding", "f8e4m3", {})])
 def test_ex2_ftz_matches_reference(kind, cache, tiles, kdir):

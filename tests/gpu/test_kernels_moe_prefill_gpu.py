@@ -418,7 +418,10 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort"),
     ("tp8", 1000, "repeat", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort"),
     ("tp8", 2048, "distinct", "acopy-hres-wsteps2-v16-half-aq-sort"),
-    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-sort")])
+    ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-sort"),
+    # WG_DPAIRS (bitwise against the same form without it)
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs"),
+    ("tp8", 1000, "repeat", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -466,7 +469,9 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
         # the words' copies in runs of 4 steps give the tiles runs of 2 give
         ("bitwise_equal_wsteps2", form.startswith("bm256-wsteps4"), dict(f, WG_WSTEPS=2, WG_WDEPTH=2)),
         # the sort in a binary of its own sorts as it does in the GEMMs' binary
-        ("bitwise_equal_without_sort_alone", mod.SORT_ALONE, {k: v for k, v in f.items() if k != "SORT_ALONE"}))
+        ("bitwise_equal_without_sort_alone", mod.SORT_ALONE, {k: v for k, v in f.items() if k != "SORT_ALONE"}),
+        # the chunks' pair indices loaded a K step ahead store the same rows at the same places
+        ("bitwise_equal_without_dpairs", mod.WG_DPAIRS, {k: v for k, v in f.items() if k != "WG_DPAIRS"}))
     for key, applies, twin in twins:
         if applies:
             line[key] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **twin), relaid, x, idx)))
@@ -481,6 +486,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line.get("bitwise_equal_without_wtma", True) and line.get("bitwise_equal_with_fence", True), line
     assert line.get("bitwise_equal_without_atma", True) and line.get("bitwise_equal_without_dstore", True), line
     assert line.get("bitwise_equal_without_sort_alone", True), line
+    assert line.get("bitwise_equal_without_dpairs", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
