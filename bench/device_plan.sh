@@ -20,6 +20,7 @@
 #   bash bench/device_plan.sh emitter35      # the emitter's s35 256-row form: runtime test, odd shapes, graph replay
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
+#   bash bench/device_plan.sh s38            # TILE_ORDER in the prefill step (paired), its runtime GPU tests, the attention's ncu
 #   bash bench/device_plan.sh s37            # the prefill router's GPU tests and timings, the MoE's SORT_ALONE (~9 min)
 #   bash bench/device_plan.sh s36b           # the aligned QKV+gate route + BF16X3: runtime GPU tests, routes, the step
 #   bash bench/device_plan.sh router36       # the prefill router's BF16X3 render: GPU tests and timings (~6 minutes)
@@ -60,7 +61,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -202,6 +203,13 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step attn-order 120 python3 bench/attention_prefill.py --out "$OUT" --cases full:f8e4m3:100000 \
       --tiles '[{"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "TILE_ORDER": true}]'
     ;;
+  s38)  # (~9 minutes) TILE_ORDER (the default since s37) in the prefill step against the render without it, the
+    # runtime's GPU tests that run it (the mirrored WGMMA prefill), and the attention's ncu with it
+    BEAMC_RUNTIME_STEPS=300 tests t-rt-order 150 tests/gpu/test_runtime_gpu.py -k "mirror_prefill_on_wgmma"
+    step variants-prefill 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s38-order \
+      --variant noorder=attention_prefill.TILE_ORDER=false
+    step ncu 120 env OUT="$OUT" bash bench/ncu_source.sh attn-wgmma
+    ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
     step router-t512 40 python3 bench/router_prefill.py --out "$OUT/t512" --tokens 512 --only 'no-split-k'
@@ -261,7 +269,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac
