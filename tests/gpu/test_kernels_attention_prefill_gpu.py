@@ -65,6 +65,16 @@ def _norm_rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
+def _run_poisoned(m, ins: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch of a mirrored render with its output and scratch (the mirrors, the plan) poisoned with NaN first:
+    (out, scratch), synchronised."""
+    out = torch.full_like(ins[0], float("nan"))
+    scratch = torch.full((m.scratch_numel(ins[0].shape[0]),), float("nan"), dtype=torch.bfloat16, device="cuda")
+    m.launch(*ins, out, scratch)
+    torch.cuda.synchronize()
+    return out, scratch
+
+
 @pytest.mark.parametrize("cache", ["bf16", "f8e4m3"])
 @pytest.mark.parametrize("kind", ["sliding", "full"])
 @pytest.mark.parametrize("case", list(CASES))
@@ -237,10 +247,7 @@ def test_mirror_render_gives_the_same_bits(kind, case, short, tiles, kdir):
     T = ins[0].shape[0]
     want = torch.full_like(ins[0], float("nan"))
     plain.launch(*ins, want)
-    got = torch.full_like(want, float("nan"))
-    scratch = torch.full((mirror.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
-    mirror.launch(*ins, got, scratch)
-    torch.cuda.synchronize()
+    got, scratch = _run_poisoned(mirror, ins)
     run = scratch[2 * mirror.MIRROR_NUMEL:].view(torch.int32)[:6]
     err = _norm_rel(got, reference(c, ins, torch.float32))
     line = dict(kind=kind, case=case, mirror_pages=mirror.MIRROR_PAGES, tiles=tiles, tokens=T,
@@ -285,13 +292,7 @@ def test_wgmma_render_matches_reference(kind, case, short, gate, tiles, kdir):
         gen = torch.Generator(device="cuda").manual_seed(5)
         g = torch.randn(T, (hq + 2) * d, device="cuda", generator=gen).to(torch.bfloat16)[:, :hq * d].view(T, hq, d)
         ins = [*ins, g, torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)]
-    outs = []
-    for m in (tri, wg):
-        out = torch.full_like(ins[0], float("nan"))
-        scratch = torch.full((m.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
-        m.launch(*ins, out, scratch)
-        torch.cuda.synchronize()
-        outs.append(out)
+    outs = [_run_poisoned(m, ins)[0] for m in (tri, wg)]
     nan = int(outs[1].isnan().sum())
     vs_triton = _norm_rel(outs[1], outs[0]) if nan == 0 else float("inf")
     err = vs_triton if gate else (_norm_rel(outs[1], reference(c, ins, torch.float32)) if nan == 0 else float("inf"))
@@ -318,24 +319,19 @@ def test_tile_order_gives_the_same_bits(kind, case, short, tiles, kdir):
     seqs, shuffle = CASES[case]
     ins = make_case(c, seqs, seed=13, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
     T = ins[0].shape[0]
-    outs = []
-    for m in (base, ordered):
-        out = torch.full_like(ins[0], float("nan"))
-        scratch = torch.full((m.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
-        m.launch(*ins, out, scratch)
-        torch.cuda.synchronize()
-        outs.append(out.clone())
-        if m is ordered:
-            n = -(-T // m.BLOCK_T)
-            order = scratch[2 * m.MIRROR_NUMEL:].view(torch.int32)[3 * m.MIRROR_SLOTS:][:n]
-            assert sorted(order.tolist()) == list(range(n))
-            out.fill_(float("nan"))  # ... and under graph replay
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                m.launch(*ins, out, scratch)
-            graph.replay()
-            torch.cuda.synchronize()
-            outs.append(out)
+    outs = [_run_poisoned(base, ins)[0]]
+    out, scratch = _run_poisoned(ordered, ins)
+    outs.append(out.clone())
+    n = -(-T // ordered.BLOCK_T)
+    order = scratch[2 * ordered.MIRROR_NUMEL:].view(torch.int32)[3 * ordered.MIRROR_SLOTS:][:n]
+    assert sorted(order.tolist()) == list(range(n))
+    out.fill_(float("nan"))  # ... and under graph replay
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ordered.launch(*ins, out, scratch)
+    graph.replay()
+    torch.cuda.synchronize()
+    outs.append(out)
     line = dict(kind=kind, case=case, tiles=tiles, tokens=T, bitwise=bool(torch.equal(outs[1], outs[0])),
                 bitwise_graph=bool(torch.equal(outs[2], outs[0])), nan=int(outs[0].isnan().sum()))
     SUMMARY.setdefault("tile_order", []).append(line)
