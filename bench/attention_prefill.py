@@ -48,10 +48,14 @@ def layer_constants(kind: str, cache: str = "bf16", tp: int = 8) -> dict:
                 SCALE=1 / math.sqrt(a.head_dim), PAGED=kind == "full", PAGE_SIZE=PAGE if kind == "full" else 0)
 
 
+TABLE_ROWS = None  # (--table-rows) the block table's rows, as the runtime's max_batch + 1: None, one a sequence
+
+
 def make_inputs(c: dict, seqs: int, chunk: int, prior: int, device, gen: torch.Generator) -> list[torch.Tensor]:
     """Launcher inputs (q, kc, vc, slot, pos[, block_table][, k_scale, v_scale]): `seqs` sequences of `chunk` new
     tokens each at positions prior ... prior + chunk - 1, consecutive per sequence (SlotTable.plan's layout); random
-    caches (every row, not only the ones read)."""
+    caches (every row, not only the ones read); a paged cache's block table of TABLE_ROWS rows where set (the rows
+    past the sequences' repeat the first: no token reads them, as the runtime's table of max_batch + 1 rows)."""
     hq, hkv, d, W = c["HQ"], c["HKV"], c["HEAD_DIM"], c["WINDOW"]
     T = seqs * chunk
     slot = torch.arange(seqs, device=device).repeat_interleave(chunk)
@@ -60,6 +64,8 @@ def make_inputs(c: dict, seqs: int, chunk: int, prior: int, device, gen: torch.G
     if c["PAGED"]:
         mp = -(-(prior + chunk) // PAGE)
         bt = torch.randperm(seqs * mp, generator=gen, device=device).view(seqs, mp).to(torch.int32)
+        if TABLE_ROWS is not None and TABLE_ROWS > seqs:
+            bt = torch.cat([bt, bt[:1].expand(TABLE_ROWS - seqs, mp)]).contiguous()
         shape = (seqs * mp, PAGE, hkv, d)
     else:
         bt = None
@@ -271,11 +277,22 @@ SWEEP = ({}, dict(BLOCK_M=64, BLOCK_N=128, NUM_WARPS=4, NUM_STAGES=4),
          dict(MIRROR=True, WGMMA=True, BLOCK_N=128), dict(MIRROR=True, WGMMA=True, GATE=True))
 
 
+def kernel_medians(fn, device, reps: int = 3) -> list[tuple[str, float]]:
+    """(name, median device us) of each generated kernel one call of `fn` launches, in launch order (torch.profiler
+    over `reps` calls): where a multi-launch render's time goes, beside the graph timing of the whole."""
+    from profile_step import GENERATED, device_kernels  # bench/profile_step.py
+
+    ev = [e for e in device_kernels(fn, device, reps) if e.name in GENERATED]
+    n = len(ev) // reps
+    return [(ev[s].name, sorted(ev[r * n + s].time_range.elapsed_us() for r in range(reps))[reps // 2])
+            for s in range(n)]
+
+
 def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 100_000, device="cuda",
-          tiles=SWEEP) -> list[dict]:
+          tiles=SWEEP, profile: bool = False) -> list[dict]:
     """The prefill kernel at other tiles on one case (default: the model's, full layer with fp8 KV over 100K prior
     context): us and TFLOP/s of each, its output checked against the default tiles' (relative error < 1e-2; a tile
-    that fails to compile or to match is reported, not timed)."""
+    that fails to compile or to match is reported, not timed); `profile`: each launch's kernels' device us too."""
     kdir = Path(tempfile.mkdtemp(prefix="beamc_attention_prefill_sweep_"))
     gen = torch.Generator(device=device).manual_seed(7)
     c = layer_constants(kind, cache)
@@ -306,6 +323,8 @@ def sweep(graph_time, kind: str = "full", cache: str = "f8e4m3", prior: int = 10
                 assert err < 1e-2, f"rel err vs the default tiles {err}"
             rec.update(us=t * 1e6, tflops=flops / t / 1e12, rel_err_vs_default=err,
                        block=[mod.BLOCK_M, mod.BLOCK_N, mod.NUM_WARPS, mod.NUM_STAGES])
+            if profile:  # each launch's kernels (MIRROR: the plan, the copy, the two passes), median device us
+                rec["kernels_us"] = kernel_medians(lambda: mod.launch(*args, o), device)
         except Exception as e:  # noqa: BLE001 - reported, the sweep goes on
             rec.update(us=None, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         print(rec, flush=True)
@@ -325,7 +344,11 @@ if __name__ == "__main__":
     ap.add_argument("--tiles", default=None,
                     help='the render constants to try instead of SWEEP, a JSON list of objects: the first is the '
                          'reference the others are checked against, e.g. \'[{"MIRROR": true}, {"MIRROR": true, "TMA": true}]\'')
+    ap.add_argument("--profile", action="store_true", help="each launch's kernels' device us too (torch.profiler)")
+    ap.add_argument("--table-rows", type=int, default=None,
+                    help="a paged cache's block-table rows (the runtime has max_batch + 1; default: one a sequence)")
     a = ap.parse_args()
+    TABLE_ROWS = a.table_rows
     tiles = SWEEP if a.tiles is None else tuple(json.loads(a.tiles))
     sys.path.insert(0, str(ROOT / "bench"))
     from kernels import graph_time
@@ -333,7 +356,7 @@ if __name__ == "__main__":
     recs = []
     for case in a.cases.split(","):
         kind, cache, prior = case.split(":")
-        recs += sweep(graph_time, kind, cache, int(prior), tiles=tiles)
+        recs += sweep(graph_time, kind, cache, int(prior), tiles=tiles, profile=a.profile)
         torch.cuda.empty_cache()
     Path(a.out).mkdir(parents=True, exist_ok=True)
     date = datetime.date.today().isoformat()
@@ -343,3 +366,5 @@ if __name__ == "__main__":
     for r in recs:
         print(f"{r['kernel'][8:]:<22} {str(r['tiles']):<72} {r['us'] if r['us'] is None else round(r['us'], 1):>10} "
               f"{'' if r['us'] is None else round(r['tflops'], 1):>8} {r.get('error', '')}")
+        if r.get("kernels_us"):
+            print("    kernels (us):", ", ".join(f"{name} {us:.1f}" for name, us in r["kernels_us"]))

@@ -20,7 +20,8 @@
 #   bash bench/device_plan.sh emitter35      # the emitter's s35 256-row form: runtime test, odd shapes, graph replay
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
-#   bash bench/device_plan.sh s38b           # stage 4's two MMA partitions (WG_MSPLIT): GPU cases, timings (~8 min)
+#   bash bench/device_plan.sh s38d           # TILE_ORDER's ranking in the copy stage: GPU cases, kernels, the step
+#   bash bench/device_plan.sh s38c           # the full / sliding layers' kernels (profiler), the sliding pass's ncu
 #   bash bench/device_plan.sh s38            # TILE_ORDER in the prefill step (paired), its runtime GPU tests, the attention's ncu
 #   bash bench/device_plan.sh s37            # the prefill router's GPU tests and timings, the MoE's SORT_ALONE (~9 min)
 #   bash bench/device_plan.sh s36b           # the aligned QKV+gate route + BF16X3: runtime GPU tests, routes, the step
@@ -62,7 +63,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -211,13 +212,25 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
       --variant noorder=attention_prefill.TILE_ORDER=false
     step ncu 120 env OUT="$OUT" bash bench/ncu_source.sh attn-wgmma
     ;;
-  s38b)  # (~8 minutes) stage 4's MMA warpgroups as two partitions (WG_MSPLIT): GPU cases bitwise against the
-    # emitter's 256-row form, then both timed at 16,384 tokens (twice, alternating)
-    tests t-msplit 250 tests/gpu/test_kernels_moe_prefill_gpu.py -k "msplit"
-    for r in 1 2; do
-      step moe-msplit$r 110 python3 bench/moe_prefill.py --tokens 16384 --out "$OUT/moe16k-$r" \
-        --only 'WG_ATMA WG_DSTORE SORT_ALONE (sort),WG_MSPLIT (msplit)'
-    done
+  s38c)  # (~4 minutes) where the full layer's 9.4 ms go beside its pass's 8.4 under ncu (each launch's kernels,
+    # torch.profiler), the sliding layer's likewise, and the sliding pass's ncu (its SM-active share: straddling tiles)
+    step attn-kernels 200 python3 bench/attention_prefill.py --out "$OUT/attn" --profile \
+      --cases full:f8e4m3:100000,sliding:f8e4m3:100000 --tiles "[$(python3 -c 'import json
+from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
+print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": true}]"
+    step ncu 100 env OUT="$OUT" bash bench/ncu_source.sh attn-sliding
+    ;;
+  s38d)  # (~7 minutes) TILE_ORDER's ranking moved from the plan's one program into the copy stage's programs: the
+    # attention GPU cases that run it (bitwise), the full layer's kernels without PDL (clean spans: the plan, the copy,
+    # the passes) with / without TILE_ORDER and with a block table of 257 rows (a max_batch of 256), then the step
+    tests t-order 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "tile_order or mirror_render"
+    W='"MIRROR": true, "WGMMA": true, "WG_SPLIT": true'
+    step attn-kernels 150 python3 bench/attention_prefill.py --out "$OUT/attn" --profile --cases full:f8e4m3:100000 \
+      --tiles "[{$W, \"TILE_ORDER\": true}, {$W, \"TILE_ORDER\": true, \"PDL\": false}, {$W, \"PDL\": false}]"
+    step attn-kernels-257 100 python3 bench/attention_prefill.py --out "$OUT/attn257" --profile --table-rows 257 \
+      --cases full:f8e4m3:100000 --tiles "[{$W, \"TILE_ORDER\": true, \"PDL\": false}, {$W, \"PDL\": false}]"
+    step variants-prefill 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s38-rank \
+      --variant noorder=attention_prefill.TILE_ORDER=false
     ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
@@ -278,7 +291,7 @@ case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-le
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

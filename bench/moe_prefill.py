@@ -148,10 +148,6 @@ VARIANTS = (
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_DSTORE SORT_ALONE WG_DPAIRS (dpairs)",
      dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True, WG_ACOPY4=False,
           WG_ATMA=True, WG_DSTORE=True, SORT_ALONE=True, WG_DPAIRS=True), True),
-    # ... the emitter's form with stage 4's MMA warpgroups as two partitions on their own rows (WG_MSPLIT)
-    ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=4 WG_ACOPY WG_ACOPY_REGS=40 WG_A32 WG_WTMA WG_ACOPY4=0 WG_ATMA WG_DSTORE SORT_ALONE WG_MSPLIT (msplit)",
-     dict(_LOAD8S3, WG_LOAD_WARPS=4, WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_WTMA=True, WG_ACOPY4=False,
-          WG_ATMA=True, WG_DSTORE=True, SORT_ALONE=True, WG_MSPLIT=True), True),
     # ... with the load partition's A-row copies of a step after its fence (WG_ALATE), alone and with WG_WTMA
     ("moe_nvfp4_prefill wgmma relaid BLOCK_M=256 stages=3 WG_WDEPTH=2 WG_WSTEPS=2 WG_V16 WG_HALF WG_LOAD_WARPS=8 WG_ALATE (wtma)",
      dict(_LOAD8S3, WG_ALATE=True), True),

@@ -205,7 +205,7 @@ def device_kernels(fn, device, reps: int = 3) -> list:
 
 
 # the names of generated kernels (a module's second kernel: moe_nvfp4_prefill's WGMMA render's `wg_kernel`)
-GENERATED = ("kernel", "wg_kernel")
+GENERATED = ("kernel", "wg_kernel", "wg_attention")  # (the Triton kernels, the Gluon MoE stages and attention pass)
 
 
 def launch_medians(fn, device, n: int, reps: int = 3, names: tuple[str, ...] = GENERATED) -> list[float]:

@@ -149,11 +149,6 @@ FORMS.update(SORT_FORMS)
 # ... the emitter's 256-row form with each store chunk's pair indices loaded a K step ahead (WG_DPAIRS)
 FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs"] = dict(
     FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], WG_DPAIRS=True)
-# ... and with stage 4's MMA warpgroups as two partitions of their own rows (WG_MSPLIT), with and without WG_WTMA
-FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-msplit"] = dict(
-    FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], WG_MSPLIT=True)
-FORMS["bm256-wsteps2-v16-half-load4-acopy-atma4-dstore-msplit"] = dict(
-    FORMS["bm256-wsteps2-v16-half-load4-acopy-atma4-dstore"], WG_MSPLIT=True)
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -198,7 +193,6 @@ def _compile(args) -> list[dict]:
             tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I, fences=ptx.count("fence.proxy.async"),
             nofence=mod.WG_NOFENCE4 and stage == 4, dstore=mod.WG_DSTORE and stage == 4,
-            msplit=mod.WG_MSPLIT and stage == 4, mma_regs2=mod.WG_MMA_REGS2,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
     return out
 
@@ -239,8 +233,6 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["sass"] is None or r["sass"]["depbar"] < r["sass"]["hgmma"], r
         per_step = 4 * r["block_m"] // 128  # (k16 x 4 a step; m64 twice a warpgroup at BLOCK_M 256)
         def loops(n):  # the full loop, and with WG_HALF the tail blocks' (64 rows: n halved a warpgroup; 128: m64 once)
-            if r["msplit"]:  # (WG_MSPLIT: each partition's loops, its 128 rows and with WG_HALF its first 64: m64 once)
-                return [f"m64n{n}k16"] * 2 * (per_step + (4 if r["half"] else 0))
             out = [f"m64n{n}k16"] * per_step
             if r["half"]:
                 out += [f"m64n{n // 2}k16"] * 4 + [f"m64n{n}k16"] * (4 if r["block_m"] == 256 else 0)
@@ -278,9 +270,7 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["cp_async4"] == parts * slots * per_row // 2 * max(w // 2, 1), r
         assert r["wait_group"] == ([] if r["wtma"] else [str(r["wdepth"])] * parts), r
         assert r["decode_muls"] == parts * 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step unrolled)
-        # (WG_MSPLIT: the workers' registers at launch are above the load partition's: it gives some back)
-        assert (("dec" if r["msplit"] else "inc"), str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
-        assert not r["msplit"] or ("inc", str(r["mma_regs2"])) in r["setmaxnreg"], r  # (the second MMA partition's)
+        assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert not r["acopy"] or ("inc", str(r["acopy_regs"])) in r["setmaxnreg"], r  # (the A partition's registers)
         assert ("dec", str(r["mma_regs"])) in r["setmaxnreg"], r  # (the MMA partition's, as the template computes)
         # the fences before the MMA partition's wgmma (one per MMA loop render: full, and WG_HALF's tails) and the

@@ -421,13 +421,7 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("odd-wg", 1000, "few", "acopy-hres-wsteps2-v16-half-aq-sort"),
     # WG_DPAIRS (bitwise against the same form without it)
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs"),
-    ("tp8", 1000, "repeat", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs"),
-    # WG_MSPLIT (bitwise against the same form without it): every block a tail of <= 64 rows at 1,000 tokens (the
-    # second partition idle), tails of 65-256 rows and full blocks at 16,384, every pair on one expert, odd shapes
-    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-msplit"),
-    ("tp8", 1000, "repeat", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-msplit"),
-    ("tp8", 4096, "one", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-msplit"),
-    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load4-acopy-atma4-dstore-msplit")])
+    ("tp8", 1000, "repeat", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -477,9 +471,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
         # the sort in a binary of its own sorts as it does in the GEMMs' binary
         ("bitwise_equal_without_sort_alone", mod.SORT_ALONE, {k: v for k, v in f.items() if k != "SORT_ALONE"}),
         # the chunks' pair indices loaded a K step ahead store the same rows at the same places
-        ("bitwise_equal_without_dpairs", mod.WG_DPAIRS, {k: v for k, v in f.items() if k != "WG_DPAIRS"}),
-        # stage 4's two MMA partitions give each row what the one partition of 8 warps gives it
-        ("bitwise_equal_without_msplit", mod.WG_MSPLIT, {k: v for k, v in f.items() if k != "WG_MSPLIT"}))
+        ("bitwise_equal_without_dpairs", mod.WG_DPAIRS, {k: v for k, v in f.items() if k != "WG_DPAIRS"}))
     for key, applies, twin in twins:
         if applies:
             line[key] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **twin), relaid, x, idx)))
@@ -494,7 +486,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line.get("bitwise_equal_without_wtma", True) and line.get("bitwise_equal_with_fence", True), line
     assert line.get("bitwise_equal_without_atma", True) and line.get("bitwise_equal_without_dstore", True), line
     assert line.get("bitwise_equal_without_sort_alone", True), line
-    assert line.get("bitwise_equal_without_dpairs", True) and line.get("bitwise_equal_without_msplit", True), line
+    assert line.get("bitwise_equal_without_dpairs", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
