@@ -63,7 +63,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -220,7 +220,7 @@ from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
 print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": true}]"
     step ncu 100 env OUT="$OUT" bash bench/ncu_source.sh attn-sliding
     ;;
-  s38d)  # (~7 minutes) TILE_ORDER's ranking moved from the plan's one program into the copy stage's programs: the
+  s38d)  # (~7 minutes; s38run5) TILE_ORDER's ranking moved from the plan's one program into the copy stage's programs: the
     # attention GPU cases that run it (bitwise), the full layer's kernels without PDL (clean spans: the plan, the copy,
     # the passes) with / without TILE_ORDER and with a block table of 257 rows (a max_batch of 256), then the step
     tests t-order 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "tile_order or mirror_render"
@@ -231,6 +231,15 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
       --cases full:f8e4m3:100000 --tiles "[{$W, \"TILE_ORDER\": true, \"PDL\": false}, {$W, \"PDL\": false}]"
     step variants-prefill 240 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s38-rank \
       --variant noorder=attention_prefill.TILE_ORDER=false
+    ;;
+  s38e)  # (~3 minutes) the plan's per-slot reduction by atomics (O(T + slots)): the attention GPU cases that run the
+    # mirror (bitwise), the full layer's kernels without PDL at 9 and 257 block-table rows
+    tests t-plan 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "tile_order or mirror_render or wgmma_render"
+    W='"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "TILE_ORDER": true'
+    for rows in 9 257; do
+      step attn-kernels-$rows 90 python3 bench/attention_prefill.py --out "$OUT/attn$rows" --profile --table-rows $rows \
+        --cases full:f8e4m3:100000 --tiles "[{$W}, {$W, \"PDL\": false}]"
+    done
     ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
@@ -291,7 +300,7 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac
