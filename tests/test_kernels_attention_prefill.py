@@ -358,11 +358,11 @@ def test_rendered_module_contract(paged, cache, tmp_path):
     assert_template_contract(mod)
     assert mod.G == 6 and mod.BLOCK_T == mod.BLOCK_M // 6 and mod.WINDOW == (0 if paged else 512)
     if cache == "f8e4m3":  # the MIRROR render: the same launcher arguments, scratch for the mirrors (pages of the
-        # pool's 16 rows, or of 64 over a ring), the plan's three int32 arrays and its two per-slot reductions
+        # pool's 16 rows, or of 64 over a ring), the plan's three int32 arrays and its three per-slot ones
         mirror = load_kernel(KernelSpec(TEMPLATE, "attention", dict(c, MIRROR=True)), tmp_path)
         assert list(inspect.signature(mirror.launch).parameters) == args and mirror.MIRROR and not mod.MIRROR
         rows = 65536 * 16 if paged else 512 * 64
-        assert mirror.MPAGE == (16 if paged else 64) and mirror.scratch_numel(1000) == 2 * rows * 128 + 5 * 4096 * 2
+        assert mirror.MPAGE == (16 if paged else 64) and mirror.scratch_numel(1000) == 2 * rows * 128 + 6 * 4096 * 2
         assert_template_contract(mirror)
 
 
