@@ -167,6 +167,16 @@ CASES = {
                                                      TMA=True, GATE=True, TILE_ORDER=True, PLAN_TILES=4, **SMALL),
                                            [(1, 40, 70), (0, 3, 5), (3, 100, 17)], True),
 }
+# a block table of 40 rows (the runtime's max_batch + 1), 3 of them with tokens: the plan's per-slot reduction (a row of
+# 32 tokens of one slot: one atomic; the rest one a token) and the copy's search over the slots' run starts, with room
+# for all three runs and, short, for the first only (slot 5's; slots 17 and 33 read the cache)
+ROWS40 = {"paged4-full-fp8-mirror-order-rows40": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", MIRROR=True,
+                                                            MIRROR_PAGES=64, TILE_ORDER=True, **SMALL),
+                                                  [(33, 45, 40), (5, 0, 9), (17, 7, 1)], False),
+          "paged4-full-fp8-mirror-rows40-short": (constants(4, 2, 32, 0, 4, "f32", "f8e4m3", MIRROR=True,
+                                                            MIRROR_PAGES=4, **SMALL),
+                                                  [(33, 45, 40), (5, 0, 9), (17, 7, 1)], True)}
+CASES.update(ROWS40)
 
 
 def tile_work(c: dict, slot: torch.Tensor, pos: torch.Tensor, block_t: int) -> list[int]:
@@ -187,7 +197,8 @@ def check_case(name: str, directory: Path) -> dict:
     gated = c.get("GATE", False)
     mod = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention", c), directory)
     assert mod._interpreted(), "triton did not pick the interpreter"
-    ins = make_case(c, seqs, seed=len(name), shuffle=shuffle, n_slots=4)
+    n_slots = 40 if name in ROWS40 else 4
+    ins = make_case(c, seqs, seed=len(name), shuffle=shuffle, n_slots=n_slots)
     gate = []
     if gated:  # g [T, HQ, D], rows a head apart more than their heads (strided), b [HQ, 1]
         gen = torch.Generator().manual_seed(len(name))
@@ -210,7 +221,7 @@ def check_case(name: str, directory: Path) -> dict:
         base = torch.full_like(out, float("nan"))
         plain.launch(*ins, *gate, base)
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (out - base).abs().max()
-        facts["mirrored_slots"] = int((scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[:4] >= 0).sum())
+        facts["mirrored_slots"] = int((scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[:n_slots] >= 0).sum())
         assert facts["mirrored_slots"] == (1 if name.endswith("-short") else 3), facts
     if mod.TILE_ORDER:  # the plan's order: a permutation of the tiles, by work (the Python rule's), the most first
         n = facts["tiles"]
