@@ -21,6 +21,7 @@
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
 #   bash bench/device_plan.sh s38f           # the copy stage by mirror page: GPU cases, the runtime, kernels at 9 / 257 rows
+#   bash bench/device_plan.sh s38e           # the plan's atomics: GPU cases, kernels at 9 / 257 rows
 #   bash bench/device_plan.sh s38d           # TILE_ORDER's ranking in the copy stage: GPU cases, kernels, the step
 #   bash bench/device_plan.sh s38c           # the full / sliding layers' kernels (profiler), the sliding pass's ncu
 #   bash bench/device_plan.sh s38            # TILE_ORDER in the prefill step (paired), its runtime GPU tests, the attention's ncu
