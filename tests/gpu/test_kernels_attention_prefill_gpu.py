@@ -339,6 +339,47 @@ def test_tile_order_gives_the_same_bits(kind, case, short, tiles, kdir):
     assert line["nan"] == 0 and line["bitwise"] and line["bitwise_graph"], line
 
 
+@pytest.mark.parametrize("kind,cache,case,helpers,gate", [
+    ("sliding", "f8e4m3", "ragged-shuffled", 32, True),  # most tiles straddle: more than the helpers
+    ("sliding", "f8e4m3", "ragged", 32, False), ("sliding", "f8e4m3", "long-100k+decode", 1, False),
+    ("full", "bf16", "ragged", 4, False)])
+def test_trip_helpers_give_the_same_bits(kind, cache, case, helpers, gate, kdir):
+    """TRIP_HELPERS (programs taking straddling tiles' first trips): the same bits as the render without them, eager
+    and under graph replay, every output written (the step's render: F16_DOT over fp8 caches)."""
+    c = dict(_constants(kind, cache), GATE=gate, F16_DOT=cache == "f8e4m3")
+    fn = "attention_gate" if gate else "attention"
+    base = load_kernel(KernelSpec("attention_prefill", fn, c), kdir)
+    helped = load_kernel(KernelSpec("attention_prefill", fn, dict(c, TRIP_HELPERS=helpers)), kdir)
+    assert helped.TRIP_HELPERS == helpers and not base.TRIP_HELPERS
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=17, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
+    if gate:  # g [T, HQ, D] (rows strided, as the packed projection leaves them), b [HQ, 1]
+        T, hq, d = ins[0].shape
+        g = torch.randn(T, (hq + 1) * d, device="cuda", dtype=torch.bfloat16)[:, :hq * d].view(T, hq, d)
+        ins = [*ins, g, torch.randn(hq, 1, device="cuda", dtype=torch.bfloat16)]
+    outs = []
+    for m in (base, helped):
+        out = torch.full_like(ins[0], float("nan"))
+        m.launch(*ins, out)
+        torch.cuda.synchronize()
+        outs.append(out)
+    out = torch.full_like(ins[0], float("nan"))  # ... and under graph replay
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        helped.launch(*ins, out)
+    graph.replay()
+    torch.cuda.synchronize()
+    slot = ins[3].tolist()
+    bt = helped.BLOCK_T
+    straddling = sum(len(set(slot[i:i + bt])) > 1 for i in range(0, len(slot), bt))
+    line = dict(kind=kind, cache=cache, case=case, helpers=helpers, gate=gate, straddling_tiles=straddling,
+                bitwise=bool(torch.equal(outs[1], outs[0])), bitwise_graph=bool(torch.equal(out, outs[0])),
+                nan=int(outs[1].isnan().sum()))
+    SUMMARY.setdefault("trip_helpers", []).append(line)
+    print(f"attention_prefill TRIP_HELPERS {case}: {line}")
+    assert line["nan"] == 0 and line["bitwise"] and line["bitwise_graph"], line
+
+
 @pytest.mark.parametrize("kind,cache,tiles", [("full", "f8e4m3", dict(MIRROR=True)), ("full", "bf16", {}),
                                               ("sliding", "bf16", {}), ("sliding", "f8e4m3", {})])
 def test_ex2_ftz_matches_reference(kind, cache, tiles, kdir):
