@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.ir.reference import REFS, expert_weights, swiglu_ref
@@ -454,6 +455,9 @@ def _compile(variant: str, directory: str) -> dict:
                 tiles=(mod.BLOCK_M, mod.H % mod.BLOCK_K, mod.I % mod.BLOCK_K2), swap=mod.SWAP, **pdl_facts(ptx))
 
 
+_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2])  # (the lowering facts that differ by release)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def compiled(tmp_path_factory):
     """Every variant's AOT compile, started when the module starts (2 worker processes, beside the interpreter's
@@ -490,7 +494,9 @@ def test_bf16_aot_compiles(variant, compiled):
     if r["only"] == 5:  # the dequantisation: no MMA, 16-byte stores of its tiles, no local memory
         assert not r["wgmma"] and r["local"] in (0, None), r
     if r["native"]:
-        assert r["e2m1_cvt"], r  # e2m1 converted on the dot_scaled path
+        # e2m1 converted on the dot_scaled path by cvt.rn.bf16x2.e2m1x2 (Triton 3.9); Triton 3.8 (the one a CUDA
+        # build of torch 2.14.1 pins) upcasts it with integer operations instead, no cvt in its PTX (seen 2026-12-06)
+        assert r["e2m1_cvt"] or _TRITON < (3, 9), r
     if variant.startswith("full"):
         assert r["tiles"] == (64 if r["swap"] else 128, 0, 0), r  # (SWAP: BLOCK_M 64, 4 warps; DEQUANT: 128)
     if r["relaid"] and not r["dequant"] and r["only"] == -1 and "sort-alone" not in variant:
