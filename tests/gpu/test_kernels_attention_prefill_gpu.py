@@ -65,6 +65,21 @@ def _norm_rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
+def _run_plain(m, ins: list, graph: bool = False) -> torch.Tensor:
+    """One launch of a render without scratch, its output poisoned with NaN first, eager or (graph) captured and
+    replayed once; synchronised."""
+    out = torch.full_like(ins[0], float("nan"))
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            m.launch(*ins, out)
+        g.replay()
+    else:
+        m.launch(*ins, out)
+    torch.cuda.synchronize()
+    return out
+
+
 def _run_poisoned(m, ins: list) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch of a mirrored render with its output and scratch (the mirrors, the plan) poisoned with NaN first:
     (out, scratch), synchronised."""
@@ -114,13 +129,9 @@ def test_f16_dot_matches_fp32_reference(case, kind, gate, kdir):
         gen = torch.Generator(device="cuda").manual_seed(3)
         ins = [*ins, torch.randn(T, hq, d, device="cuda", generator=gen).to(torch.bfloat16),
                torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)]
-    outs = []
-    for m in (mod, f16):
-        out = torch.full_like(ins[0], float("nan"))
-        m.launch(*ins, out)
-        torch.cuda.synchronize()
+    outs = [_run_plain(m, ins) for m in (mod, f16)]
+    for m, out in zip((mod, f16), outs):
         assert not out.isnan().any(), (case, kind, gate, m.F16_DOT)
-        outs.append(out)
     if gate:
         errs = [_norm_rel(outs[1], outs[0])]
     else:
@@ -357,18 +368,8 @@ def test_trip_helpers_give_the_same_bits(kind, cache, case, helpers, gate, kdir)
         T, hq, d = ins[0].shape
         g = torch.randn(T, (hq + 1) * d, device="cuda", dtype=torch.bfloat16)[:, :hq * d].view(T, hq, d)
         ins = [*ins, g, torch.randn(hq, 1, device="cuda", dtype=torch.bfloat16)]
-    outs = []
-    for m in (base, helped):
-        out = torch.full_like(ins[0], float("nan"))
-        m.launch(*ins, out)
-        torch.cuda.synchronize()
-        outs.append(out)
-    out = torch.full_like(ins[0], float("nan"))  # ... and under graph replay
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        helped.launch(*ins, out)
-    graph.replay()
-    torch.cuda.synchronize()
+    outs = [_run_plain(m, ins) for m in (base, helped)]
+    out = _run_plain(helped, ins, graph=True)  # ... and under graph replay
     slot = ins[3].tolist()
     bt = helped.BLOCK_T
     straddling = sum(len(set(slot[i:i + bt])) > 1 for i in range(0, len(slot), bt))
@@ -391,12 +392,7 @@ def test_ex2_ftz_matches_reference(kind, cache, tiles, kdir):
     assert ftz.EX2_FTZ and not plain.EX2_FTZ
     ins = make_case(c, [(0, 0, 700), (1, 511, 300), (2, 100_000, 64), (3, 4096, 1)], seed=21, device="cuda",
                     q_dtype=torch.bfloat16, shuffle=True, n_slots=4)
-    outs = []
-    for m in (plain, ftz):
-        out = torch.full_like(ins[0], float("nan"))
-        m.launch(*ins, out)
-        torch.cuda.synchronize()
-        outs.append(out)
+    outs = [_run_plain(m, ins) for m in (plain, ftz)]
     nan = int(outs[1].isnan().sum())
     err = _norm_rel(outs[1], reference(c, ins, torch.float32)) if nan == 0 else float("inf")
     line = dict(kind=kind, cache=cache, tiles=tiles, nan=nan, rel_err=err, bitwise=bool(torch.equal(*outs)))
