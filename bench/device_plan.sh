@@ -20,7 +20,8 @@
 #   bash bench/device_plan.sh emitter35      # the emitter's s35 256-row form: runtime test, odd shapes, graph replay
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
-#   bash bench/device_plan.sh s39            # TRIP_HELPERS (sliding straddling tiles): GPU cases, the sliding pass's timings
+#   bash bench/device_plan.sh s39            # (ran as s39run1: TRIP_HELPERS, since removed; its call now runs ONE_LOOP's)
+#   bash bench/device_plan.sh s39b           # ONE_LOOP (a sliding trip's key blocks in one masked loop): GPU cases, timings
 #   bash bench/device_plan.sh s38f           # the copy stage by mirror page: GPU cases, the runtime, kernels at 9 / 257 rows
 #   bash bench/device_plan.sh s38e           # the plan's atomics: GPU cases, kernels at 9 / 257 rows
 #   bash bench/device_plan.sh s38d           # TILE_ORDER's ranking in the copy stage: GPU cases, kernels, the step
@@ -66,7 +67,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -254,13 +255,11 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
         --cases full:f8e4m3:100000 --tiles "[{$W}, {$W, \"PDL\": false}]"
     done
     ;;
-  s39)  # (~8 minutes) TRIP_HELPERS (the sliding layers' straddling tiles' first trips by helper programs): GPU cases
-    # (bitwise), the sliding pass with / without (16 and 32 helpers), then the 3 attention cases s38run7 did not reach
-    # and the prefill step with the s38 plan / copy changes against TILE_ORDER off
-    tests t-helpers 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "trip_helpers"
-    step slide-helpers 100 python3 bench/attention_prefill.py --out "$OUT/slide" --profile \
-      --cases sliding:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"F16_DOT": true, "TRIP_HELPERS": 16}, {"F16_DOT": true, "TRIP_HELPERS": 32}, {"F16_DOT": true}]'
-    tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "tile_order or mirror_render or wgmma_render"
+  s39|s39b)  # (~3 minutes) ONE_LOOP (a trip's key blocks in one masked loop instead of three): GPU cases (bitwise
+    # against the three loops), the sliding pass with / without at 8 and 4 warps (s39run1 ran TRIP_HELPERS here: removed)
+    tests t-one-loop 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "one_loop"
+    step slide-one-loop 100 python3 bench/attention_prefill.py --out "$OUT/slide" --profile \
+      --cases sliding:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"F16_DOT": true, "ONE_LOOP": true}, {"F16_DOT": true, "NUM_WARPS": 4}, {"F16_DOT": true, "ONE_LOOP": true, "NUM_WARPS": 4}, {"F16_DOT": true, "ONE_LOOP": true, "NUM_STAGES": 4}, {"F16_DOT": true}, {"F16_DOT": true, "ONE_LOOP": true}]'
     ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
@@ -321,7 +320,7 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

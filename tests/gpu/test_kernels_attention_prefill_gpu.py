@@ -350,34 +350,30 @@ def test_tile_order_gives_the_same_bits(kind, case, short, tiles, kdir):
     assert line["nan"] == 0 and line["bitwise"] and line["bitwise_graph"], line
 
 
-@pytest.mark.parametrize("kind,cache,case,helpers,gate", [
-    ("sliding", "f8e4m3", "ragged-shuffled", 32, True),  # most tiles straddle: more than the helpers
-    ("sliding", "f8e4m3", "ragged", 32, False), ("sliding", "f8e4m3", "long-100k+decode", 1, False),
-    ("full", "bf16", "ragged", 4, False)])
-def test_trip_helpers_give_the_same_bits(kind, cache, case, helpers, gate, kdir):
-    """TRIP_HELPERS (programs taking straddling tiles' first trips): the same bits as the render without them, eager
-    and under graph replay, every output written (the step's render: F16_DOT over fp8 caches)."""
+@pytest.mark.parametrize("kind,cache,case,gate", [
+    ("sliding", "f8e4m3", "ragged-shuffled", True),  # most tiles straddle sequences
+    ("sliding", "f8e4m3", "ragged", False), ("sliding", "f8e4m3", "long-100k+decode", False),
+    ("full", "bf16", "ragged", False)])
+def test_one_loop_gives_the_same_bits(kind, cache, case, gate, kdir):
+    """ONE_LOOP (a trip's key blocks in one masked loop): the same bits as the render with three loops, eager and
+    under graph replay, every output written (the step's render: F16_DOT over fp8 caches)."""
     c = dict(_constants(kind, cache), GATE=gate, F16_DOT=cache == "f8e4m3")
     fn = "attention_gate" if gate else "attention"
     base = load_kernel(KernelSpec("attention_prefill", fn, c), kdir)
-    helped = load_kernel(KernelSpec("attention_prefill", fn, dict(c, TRIP_HELPERS=helpers)), kdir)
-    assert helped.TRIP_HELPERS == helpers and not base.TRIP_HELPERS
+    one = load_kernel(KernelSpec("attention_prefill", fn, dict(c, ONE_LOOP=True)), kdir)
+    assert one.ONE_LOOP and not base.ONE_LOOP
     seqs, shuffle = CASES[case]
     ins = make_case(c, seqs, seed=17, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
     if gate:  # g [T, HQ, D] (rows strided, as the packed projection leaves them), b [HQ, 1]
         T, hq, d = ins[0].shape
         g = torch.randn(T, (hq + 1) * d, device="cuda", dtype=torch.bfloat16)[:, :hq * d].view(T, hq, d)
         ins = [*ins, g, torch.randn(hq, 1, device="cuda", dtype=torch.bfloat16)]
-    outs = [_run_plain(m, ins) for m in (base, helped)]
-    out = _run_plain(helped, ins, graph=True)  # ... and under graph replay
-    slot = ins[3].tolist()
-    bt = helped.BLOCK_T
-    straddling = sum(len(set(slot[i:i + bt])) > 1 for i in range(0, len(slot), bt))
-    line = dict(kind=kind, cache=cache, case=case, helpers=helpers, gate=gate, straddling_tiles=straddling,
-                bitwise=bool(torch.equal(outs[1], outs[0])), bitwise_graph=bool(torch.equal(out, outs[0])),
-                nan=int(outs[1].isnan().sum()))
-    SUMMARY.setdefault("trip_helpers", []).append(line)
-    print(f"attention_prefill TRIP_HELPERS {case}: {line}")
+    outs = [_run_plain(m, ins) for m in (base, one)]
+    out = _run_plain(one, ins, graph=True)  # ... and under graph replay
+    line = dict(kind=kind, cache=cache, case=case, gate=gate, bitwise=bool(torch.equal(outs[1], outs[0])),
+                bitwise_graph=bool(torch.equal(out, outs[0])), nan=int(outs[1].isnan().sum()))
+    SUMMARY.setdefault("one_loop", []).append(line)
+    print(f"attention_prefill ONE_LOOP {case}: {line}")
     assert line["nan"] == 0 and line["bitwise"] and line["bitwise_graph"], line
 
 
