@@ -21,7 +21,8 @@
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
 #   bash bench/device_plan.sh s39            # (ran as s39run1: TRIP_HELPERS, since removed; its call now runs ONE_LOOP's)
-#   bash bench/device_plan.sh s39b           # ONE_LOOP (a sliding trip's key blocks in one masked loop): GPU cases, timings
+#   bash bench/device_plan.sh s39b           # (ran as s39run2: ONE_LOOP, since removed; its call now runs s39c's)
+#   bash bench/device_plan.sh s39c           # the sliding prefill on 4 warps (the emitter's): GPU cases, tiles, the step
 #   bash bench/device_plan.sh s38f           # the copy stage by mirror page: GPU cases, the runtime, kernels at 9 / 257 rows
 #   bash bench/device_plan.sh s38e           # the plan's atomics: GPU cases, kernels at 9 / 257 rows
 #   bash bench/device_plan.sh s38d           # TILE_ORDER's ranking in the copy stage: GPU cases, kernels, the step
@@ -67,7 +68,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -255,11 +256,14 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
         --cases full:f8e4m3:100000 --tiles "[{$W}, {$W, \"PDL\": false}]"
     done
     ;;
-  s39|s39b)  # (~3 minutes) ONE_LOOP (a trip's key blocks in one masked loop instead of three): GPU cases (bitwise
-    # against the three loops), the sliding pass with / without at 8 and 4 warps (s39run1 ran TRIP_HELPERS here: removed)
-    tests t-one-loop 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "one_loop"
-    step slide-one-loop 100 python3 bench/attention_prefill.py --out "$OUT/slide" --profile \
-      --cases sliding:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"F16_DOT": true, "ONE_LOOP": true}, {"F16_DOT": true, "NUM_WARPS": 4}, {"F16_DOT": true, "ONE_LOOP": true, "NUM_WARPS": 4}, {"F16_DOT": true, "ONE_LOOP": true, "NUM_STAGES": 4}, {"F16_DOT": true}, {"F16_DOT": true, "ONE_LOOP": true}]'
+  s39|s39b|s39c)  # (~6 minutes) the sliding layers' prefill pass on 4 warps (emitters.ATTENTION_SLIDING_PREFILL_TILES):
+    # its GPU cases and EX2_FTZ's, tiles around it (s39run1 / run2 ran TRIP_HELPERS / ONE_LOOP here: both removed),
+    # then the prefill step against 8 warps
+    tests t-slide4 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "sliding_step_tile or ex2_ftz"
+    step slide-tiles4 120 python3 bench/attention_prefill.py --out "$OUT/slide" --profile \
+      --cases sliding:f8e4m3:100000 --tiles '[{"F16_DOT": true}, {"F16_DOT": true, "NUM_WARPS": 4}, {"F16_DOT": true, "NUM_WARPS": 4, "EX2_FTZ": true}, {"F16_DOT": true, "NUM_WARPS": 4, "BLOCK_N": 128}, {"F16_DOT": true, "NUM_WARPS": 4, "BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 2}, {"F16_DOT": true, "BLOCK_N": 128, "NUM_STAGES": 2}, {"F16_DOT": true, "NUM_WARPS": 4, "NUM_STAGES": 2}, {"F16_DOT": true, "NUM_WARPS": 4}]'
+    step variants-s39 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s39-slide4 \
+      --variant w8=attention_prefill.NUM_WARPS=8
     ;;
   s37-lite)  # (run as s36run7 while SPLIT_K was off by default; its label then: split-k, the default now)
     tests t-splitk 80 tests/gpu/test_kernels_attn_router_gpu.py -k "split_k and (512 or 4096 or odd)"
@@ -320,7 +324,7 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -348,6 +348,29 @@ def test_fp8_cache_attention_kernels_multiply_in_fp16():
     assert not any("F16_DOT" in k.constants for k in attn(compile_package(parse_spec(data), passes=ALL)))
 
 
+def test_sliding_prefill_attention_runs_on_four_warps():
+    """emitters.ATTENTION_SLIDING_PREFILL_TILES: on sm90 the sliding layers' prefill pass over an fp8 ring (F16_DOT)
+    renders 4 warps; the full layers' kernels, the decode kernels and sm100 keep the template's; a pin wins."""
+    from beamc.spec import parse_spec
+
+    data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"
+    spec = parse_spec(data)
+
+    def prefill_attn(pkg):
+        return [k for k in pkg.kernels.values() if k.template == "attention_prefill"]
+
+    ks = prefill_attn(compile_package(spec, passes=ALL, attention_mirror_pages=0))
+    sliding = [k for k in ks if k.constants["WINDOW"]]
+    assert sliding and all(k.constants.get("NUM_WARPS") == 4 and "NUM_WARPS = 4" in k.source() for k in sliding)
+    assert all("NUM_WARPS" not in k.constants for k in ks if not k.constants["WINDOW"])
+    assert not any("NUM_WARPS" in k.constants for k in prefill_attn(compile_package(spec, passes=ALL, target="sm100",
+                                                                                     attention_mirror_pages=0)))
+    pinned = prefill_attn(compile_package(spec, passes=ALL, attention_mirror_pages=0,
+                                          template_overrides={"attention_prefill": {"NUM_WARPS": 8}}))
+    assert all(k.constants["NUM_WARPS"] == 8 for k in pinned)
+
+
 def test_window_block_n_pins_the_sliding_layers_only():
     """`--set attention_decode.WINDOW_BLOCK_N=16`: the sliding layers' decode attention takes blocks of 16 keys, the
     full layers keep the emitted 64 (BLOCK_N would pin both)."""

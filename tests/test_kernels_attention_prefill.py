@@ -177,15 +177,6 @@ ROWS40 = {"paged4-full-fp8-mirror-order-rows40": (constants(4, 2, 32, 0, 4, "f32
                                                             MIRROR_PAGES=4, **SMALL),
                                                   [(33, 45, 40), (5, 0, 9), (17, 7, 1)], True)}
 CASES.update(ROWS40)
-# ONE_LOOP: a trip's key blocks in one masked loop (the same bits as the three loops: check_case compares with the
-# render without it): a window across the ring's wrap (fp8), shuffled tokens (straddling tiles), a paged full layer
-ONE_LOOP = {"ring-w5-fp8-one-loop": (constants(4, 2, 16, 5, None, "f32", "f8e4m3", ONE_LOOP=True, **SMALL), RAGGED,
-                                     False),
-            "ring-w20-one-loop-shuffled": (constants(4, 2, 32, 20, None, "f32", "f32", ONE_LOOP=True, **SMALL),
-                                           [(1, 40, 70), (0, 3, 5), (3, 100, 17)], True),
-            "paged4-full-one-loop-gate": (constants(4, 2, 32, 0, 4, "f32", "f32", ONE_LOOP=True, GATE=True, **SMALL),
-                                          [(1, 45, 11), (0, 0, 9), (2, 7, 1)], False)}
-CASES.update(ONE_LOOP)
 
 
 def tile_work(c: dict, slot: torch.Tensor, pos: torch.Tensor, block_t: int) -> list[int]:
@@ -232,12 +223,6 @@ def check_case(name: str, directory: Path) -> dict:
         assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (out - base).abs().max()
         facts["mirrored_slots"] = int((scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[:n_slots] >= 0).sum())
         assert facts["mirrored_slots"] == (1 if name.endswith("-short") else 3), facts
-    if mod.ONE_LOOP:  # the same bits as the render with three loops
-        plain = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention",
-                                       {k: v for k, v in c.items() if k != "ONE_LOOP"}), directory)
-        base = torch.full_like(out, float("nan"))
-        plain.launch(*ins, *gate, base)
-        assert torch.equal(out.view(torch.int32), base.view(torch.int32)), (out - base).abs().max()
     if mod.TILE_ORDER:  # the plan's order: a permutation of the tiles, by work (the Python rule's), the most first
         n = facts["tiles"]
         meta = scratch[2 * mod.MIRROR_NUMEL:].view(torch.int32)[3 * mod.MIRROR_SLOTS:]
@@ -324,12 +309,7 @@ def _jobs() -> list[tuple[str, dict, int]]:
     order = [(f"full-tp8,full,f8e4m3,gate,mirror,wgmma,split,order,o{i}",
               dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True, MIRROR=True, WGMMA=True,
                    WG_SPLIT=True, TILE_ORDER=True, _OPTION=i), 90) for i in (1, 4)]
-    # ONE_LOOP (a trip's key blocks in one masked loop): the sliding layers' step render, both targets
-    one_loop = [("full-tp8,sliding,f8e4m3,gate,f16-dot,one-loop", dict(spec_constants(full, 8, "sliding", "f8e4m3"),
-                                                                      GATE=True, F16_DOT=True, ONE_LOOP=True), arch)
-                for arch in (90, 100)]
-    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring + order + \
-        one_loop
+    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring + order
 
 
 def _compile(args) -> dict:

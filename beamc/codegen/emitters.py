@@ -573,6 +573,14 @@ def ring_mirror_pages(window: int) -> int:
     return -(-(RING_MIRROR_TOKENS + RING_MIRROR_SEQS * (window + 128)) // 64)
 
 
+# the sliding layers' prefill pass (the Triton pass over the fp8 ring with fp16 operands, sm90): 128-row tiles on 4
+# warps instead of 8. H100 (one sliding layer, 8 x 2,048 new tokens over 100K, window 512, us): 164.9 -> 158.4
+# (s35run2), 165.0 / 166.5 -> 158.0 (s39run2; bench/results/attention-prefill-sweep-2026-12-06-s39run2.json); the
+# same outputs. (Also tried, slower or even: 2 stages, 64-row tiles on 4 warps, 32-key blocks, 256-row tiles, helper
+# programs for the straddling tiles, one masked loop a trip.)
+ATTENTION_SLIDING_PREFILL_TILES = dict(NUM_WARPS=4)
+
+
 def attention_wgmma_tiles(ctx: Context, head_dim: int) -> dict:
     """The mirrored prefill pass's WGMMA constants where it renders (ATTENTION_WGMMA_TILES: sm90, a bf16 model, head
     dims of 64 or 128, neither WGMMA nor a tile it cannot take pinned), else none. sm100 has no wgmma: the Triton pass there."""
@@ -620,6 +628,8 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         tiles = dict(MIRROR=True, MIRROR_PAGES=ring_mirror_pages(a["window"]), **wgmma)
     else:
         tiles.update(attention_dot(kc.dtype, ctx.dtype))
+        if template == "attention_prefill" and a["window"] and tiles.get("F16_DOT") and ctx.target == "sm90":
+            tiles.update(ATTENTION_SLIDING_PREFILL_TILES)  # (measured there; see ATTENTION_SLIDING_PREFILL_TILES)
     return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
                    WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
                    GATE=node.op == "attention_gate", **tiles)]
