@@ -309,7 +309,14 @@ def _jobs() -> list[tuple[str, dict, int]]:
     order = [(f"full-tp8,full,f8e4m3,gate,mirror,wgmma,split,order,o{i}",
               dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True, MIRROR=True, WGMMA=True,
                    WG_SPLIT=True, TILE_ORDER=True, _OPTION=i), 90) for i in (1, 4)]
-    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring + order
+    # the sliding layers' step render on sm90 (emitters.ATTENTION_SLIDING_PREFILL_TILES: 4 warps, EX2_FTZ), both targets
+    from beamc.codegen.emitters import ATTENTION_SLIDING_PREFILL_TILES
+    step = [("full-tp8,sliding,f8e4m3,gate,f16-dot,step-tile", dict(spec_constants(full, 8, "sliding", "f8e4m3"),
+                                                                   GATE=True, F16_DOT=True,
+                                                                   **ATTENTION_SLIDING_PREFILL_TILES), arch)
+            for arch in (90, 100)]
+    return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring + order + \
+        step
 
 
 def _compile(args) -> dict:
