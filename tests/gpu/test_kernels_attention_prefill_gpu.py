@@ -172,6 +172,32 @@ def test_sliding_step_tile_matches_reference(case, gate, kdir):
     assert err < 1e-2, line
 
 
+@pytest.mark.parametrize("kind,case,gate,warps", [
+    ("sliding", "ragged-shuffled", True, 4), ("sliding", "long-100k+decode", False, 4), ("sliding", "ragged", False, 8),
+    ("full", "ragged-shuffled", False, 4)])
+def test_q16_out_gives_the_same_bits(kind, case, gate, warps, kdir):
+    """Q16_OUT (F16_DOT: q's fp16 tile through the program's output rows): the same bits as the render without it,
+    eager and under graph replay, every output written."""
+    c = dict(_constants(kind, "f8e4m3"), GATE=gate, F16_DOT=True, NUM_WARPS=warps, EX2_FTZ=True)
+    op = "attention_gate" if gate else "attention"
+    base = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
+    q16 = load_kernel(KernelSpec("attention_prefill", op, dict(c, Q16_OUT=True)), kdir)
+    assert q16.Q16_OUT and not base.Q16_OUT
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=23, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
+    if gate:
+        T, hq, d = ins[0].shape
+        g = torch.randn(T, (hq + 1) * d, device="cuda", dtype=torch.bfloat16)[:, :hq * d].view(T, hq, d)
+        ins = [*ins, g, torch.randn(hq, 1, device="cuda", dtype=torch.bfloat16)]
+    outs = [_run_plain(m, ins) for m in (base, q16)]
+    graphed = _run_plain(q16, ins, graph=True)
+    line = dict(kind=kind, case=case, gate=gate, warps=warps, bitwise=bool(torch.equal(outs[1], outs[0])),
+                bitwise_graph=bool(torch.equal(graphed, outs[0])), nan=int(outs[1].isnan().sum()))
+    SUMMARY.setdefault("q16_out", []).append(line)
+    print(f"attention_prefill Q16_OUT {case}: {line}")
+    assert line["nan"] == 0 and line["bitwise"] and line["bitwise_graph"], line
+
+
 @pytest.mark.parametrize("kind,cache,extra", [
     pytest.param("sliding", "bf16", {}, id="sliding"), pytest.param("full", "bf16", {}, id="full"),
     # the mirrored full layer's Gluon pass (WGMMA), the mirrors in a scratch the graph keeps
