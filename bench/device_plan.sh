@@ -25,6 +25,7 @@
 #   bash bench/device_plan.sh s39c           # the sliding prefill on 4 warps (the emitter's): GPU cases, tiles, the step
 #   bash bench/device_plan.sh s39d           # ... with EX2_FTZ: GPU cases, the pass's ncu, the step against 8 warps without
 #   bash bench/device_plan.sh s39e           # Q16_OUT (q's fp16 tile as a shared-memory wgmma operand): GPU cases, tiles
+#   bash bench/device_plan.sh s39f           # the sliding step tile (4 warps, EX2_FTZ, Q16_OUT): GPU cases, runtime, the step
 #   bash bench/device_plan.sh s38f           # the copy stage by mirror page: GPU cases, the runtime, kernels at 9 / 257 rows
 #   bash bench/device_plan.sh s38e           # the plan's atomics: GPU cases, kernels at 9 / 257 rows
 #   bash bench/device_plan.sh s38d           # TILE_ORDER's ranking in the copy stage: GPU cases, kernels, the step
@@ -70,7 +71,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -258,6 +259,13 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
         --cases full:f8e4m3:100000 --tiles "[{$W}, {$W, \"PDL\": false}]"
     done
     ;;
+  s39f)  # (~5 minutes) the emitter's sliding tile with Q16_OUT: its GPU cases, the runtime's fp8 prefill test (the tiny
+    # spec's sliding layers on it), the prefill step against the session's first form (8 warps, neither option)
+    tests t-step-tile 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "sliding_step_tile"
+    BEAMC_RUNTIME_STEPS=100 tests t-rt-fp8 200 tests/gpu/test_runtime_gpu.py -k "mirror_prefill_on_wgmma"
+    step variants-s39f 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s39-q16 \
+      --variant s38=attention_prefill.NUM_WARPS=8,attention_prefill.EX2_FTZ=false,attention_prefill.Q16_OUT=false
+    ;;
   s39e)  # (~3 minutes) Q16_OUT (q's fp16 tile through the output rows: the score wgmma's A from shared memory, not
     # serialised for lack of registers at 4 warps): GPU cases bitwise, the sliding pass's tiles with / without it
     tests t-q16 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "q16_out"
@@ -339,7 +347,7 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -350,7 +350,7 @@ def test_fp8_cache_attention_kernels_multiply_in_fp16():
 
 def test_sliding_prefill_attention_runs_on_four_warps():
     """emitters.ATTENTION_SLIDING_PREFILL_TILES: on sm90 the sliding layers' prefill pass over an fp8 ring (F16_DOT)
-    renders 4 warps and EX2_FTZ; the full layers' kernels and sm100 keep the template's; a pin wins."""
+    renders 4 warps, EX2_FTZ and Q16_OUT; the full layers' kernels and sm100 keep the template's; a pin wins."""
     from beamc.spec import parse_spec
 
     data = load_spec(ROOT / "models/beam-tiny.yaml").model_dump()
@@ -363,13 +363,15 @@ def test_sliding_prefill_attention_runs_on_four_warps():
     ks = prefill_attn(compile_package(spec, passes=ALL, attention_mirror_pages=0))
     sliding = [k for k in ks if k.constants["WINDOW"]]
     assert sliding and all(k.constants.get("NUM_WARPS") == 4 and "NUM_WARPS = 4" in k.source() and
-                           k.constants.get("EX2_FTZ") is True and "EX2_FTZ = True" in k.source() for k in sliding)
-    assert all("NUM_WARPS" not in k.constants and "EX2_FTZ" not in k.constants for k in ks if not k.constants["WINDOW"])
+                           k.constants.get("EX2_FTZ") is True and "EX2_FTZ = True" in k.source() and
+                           "Q16_OUT = True" in k.source() for k in sliding)
+    assert all(not {"NUM_WARPS", "EX2_FTZ", "Q16_OUT"} & set(k.constants) for k in ks if not k.constants["WINDOW"])
     assert not any("NUM_WARPS" in k.constants for k in prefill_attn(compile_package(spec, passes=ALL, target="sm100",
                                                                                      attention_mirror_pages=0)))
     pinned = prefill_attn(compile_package(spec, passes=ALL, attention_mirror_pages=0, template_overrides={
-        "attention_prefill": {"NUM_WARPS": 8, "EX2_FTZ": False}}))
-    assert all(k.constants["NUM_WARPS"] == 8 and k.constants["EX2_FTZ"] is False for k in pinned)
+        "attention_prefill": {"NUM_WARPS": 8, "EX2_FTZ": False, "Q16_OUT": False}}))
+    assert all(k.constants["NUM_WARPS"] == 8 and not k.constants["EX2_FTZ"] and "Q16_OUT = False" in k.source()
+               for k in pinned)
 
 
 def test_window_block_n_pins_the_sliding_layers_only():

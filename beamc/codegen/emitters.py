@@ -574,14 +574,15 @@ def ring_mirror_pages(window: int) -> int:
 
 
 # the sliding layers' prefill pass (the Triton pass over the fp8 ring with fp16 operands, sm90): 128-row tiles on 4
-# warps instead of 8, and the softmax's exp2 as one ex2.approx.ftz (EX2_FTZ: flushes only results below 2^-126,
-# which an fp16 P and a sum >= 1 cannot tell apart; the WGMMA pass always does this). H100 (one sliding layer, 8 x
-# 2,048 new tokens over 100K, window 512, us): 4 warps 164.9 -> 158.4 (s35run2), 165.0 / 166.5 -> 158.0 (s39run2),
-# 166.1 -> 160.1 / 158.7 and **with EX2_FTZ 148.4** (s39run3; bench/results/attention-prefill-sweep-2026-12-06-
-# s39run3.json); every output the same bits (GPU tests). Tried, slower or even: 2 stages, 64-row tiles, 32- and
-# 128-key blocks (128 on 4 warps spills: 431 us), 256-row tiles, helper programs for the straddling tiles, one masked
-# loop a trip.
-ATTENTION_SLIDING_PREFILL_TILES = dict(NUM_WARPS=4, EX2_FTZ=True)
+# warps instead of 8; the softmax's exp2 as one ex2.approx.ftz (EX2_FTZ: flushes only results below 2^-126, which an
+# fp16 P and a sum >= 1 cannot tell apart; the WGMMA pass always does this); q's fp16 tile through the output rows
+# (Q16_OUT: the score wgmma's A operand from shared memory; from registers, ptxas serialised the wgmmas at 4 warps for
+# lack of registers). H100 (one sliding layer, 8 x 2,048 new tokens over 100K, window 512, us): 4 warps 164.9 -> 158.4
+# (s35run2), 165.0 / 166.5 -> 158.0 (s39run2), 166.1 -> 160.1 / 158.7, with EX2_FTZ 148.4 (s39run3), **with Q16_OUT too
+# 137.3 / 137.0 against 144.8 / 146.0** (s39run5; bench/results/attention-prefill-sweep-2026-12-06-s39run5.json); every
+# output the same bits (GPU tests). Tried, slower or even: 2 stages, 64-row tiles, 32- and 128-key blocks (128 on 4
+# warps spills: 431 us), 256-row tiles, helper programs for the straddling tiles, one masked loop a trip.
+ATTENTION_SLIDING_PREFILL_TILES = dict(NUM_WARPS=4, EX2_FTZ=True, Q16_OUT=True)
 
 
 def attention_wgmma_tiles(ctx: Context, head_dim: int) -> dict:

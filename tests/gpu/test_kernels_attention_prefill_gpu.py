@@ -146,7 +146,7 @@ def test_f16_dot_matches_fp32_reference(case, kind, gate, kdir):
 @pytest.mark.parametrize("case", ["ragged-shuffled", "long-100k+decode", "ragged"])
 def test_sliding_step_tile_matches_reference(case, gate, kdir):
     """The sliding layers' prefill tile the emitter picks on sm90 (F16_DOT with ATTENTION_SLIDING_PREFILL_TILES: 4
-    warps, EX2_FTZ) against the fp32 reference (< 1e-2; gated: against the 8-warp render's gated output), eager and
+    warps, EX2_FTZ, Q16_OUT) against the fp32 reference (< 1e-2; gated: against the 8-warp render's gated output), eager and
     under graph replay the same bits; whether it equals the 8-warp render bit for bit is recorded."""
     from beamc.codegen.emitters import ATTENTION_SLIDING_PREFILL_TILES
 
