@@ -8,7 +8,8 @@
 #   bm256), its two Gluon launches (`wg_kernel`: stages 3, 4)
 #   attn-wgmma / attn-mirror: the full layer's mirrored prefill attention (8 x 2,048 over 100K, fp8 cache), the
 #   WGMMA render's Gluon pass / the Triton pass (stage 2)
-#   attn-sliding: a sliding layer's prefill pass (8 x 2,048 over 100K, fp8 ring, F16_DOT on 4 warps, EX2_FTZ: the step's)
+#   attn-sliding: a sliding layer's prefill pass (8 x 2,048 over 100K, fp8 ring, F16_DOT, the emitter's sliding tile)
+#   attn-sliding-wgmma: the same layer's pass on the ring mirror with the WGMMA render (off in the emitter)
 # Each: ncu with WarpStateStats + SourceCounters (+ SpeedOfLight, Occupancy, LaunchStats) into $OUT/NAME.ncu-rep, then
 # the report's source page as SASS with per-instruction samples ($OUT/NAME-sass.csv) and its details page (text).
 #   PYTHONPATH=... bash bench/ncu_source.sh [qkn moe router]    # on the H200; OUT defaults to /tmp/ncu
@@ -46,7 +47,13 @@ print(json.dumps(MOE_WGMMA_FORMS["bm256"]))')" ;;  # (the emitter's 256-row form
 from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
 print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))')]" ;;  # (the emitter's full-layer pass)
       attn-sliding) prof attn-sliding-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
-                      --cases sliding:f8e4m3:100000 --tiles '[{"F16_DOT": true, "NUM_WARPS": 4, "EX2_FTZ": true}]' ;;  # (the sliding layers' pass)
+                      --cases sliding:f8e4m3:100000 --tiles "[$(python3 -c 'import json
+from beamc.codegen.emitters import ATTENTION_SLIDING_PREFILL_TILES
+print(json.dumps(dict(F16_DOT=True, **ATTENTION_SLIDING_PREFILL_TILES)))')]" ;;  # (the sliding layers' pass)
+      attn-sliding-wgmma) kre='^wg_attention$' prof attn-sliding-wgmma-100k 1 python3 bench/attention_prefill.py \
+                            --out /tmp/ncu-x --cases sliding:f8e4m3:100000 --tiles "[$(python3 -c 'import json
+from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
+print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))')]" ;;  # (the ring mirror's WGMMA pass: off in the emitter)
       attn-mirror) prof attn-mirror-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
                      --tiles '[{"MIRROR": true}]' ;;  # (launch 3 of `kernel`: the first launch's stage 2)
       *) echo "unknown profile $w" ;;
