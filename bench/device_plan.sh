@@ -261,9 +261,9 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
         --cases full:f8e4m3:100000 --tiles "[{$W}, {$W, \"PDL\": false}]"
     done
     ;;
-  s39h)  # (~3.5 minutes) each MIRROR pass leaves the other pass's rows out before loading q (the pass over the
+  s39h)  # (~4 minutes) each MIRROR pass leaves the other pass's rows out before loading q (the pass over the
     # unmirrored slots, 28-33 us when every slot is mirrored): the mirror cases bitwise, the full and sliding spans
-    tests t-skip 110 tests/gpu/test_kernels_attention_prefill_gpu.py -k "mirror_render or tile_order"
+    tests t-skip 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "mirror_render or tile_order"  # (12 cases: ~110 s)
     step attn-skip 60 python3 bench/attention_prefill.py --out "$OUT/attn" --profile --cases full:f8e4m3:100000 \
       --tiles '[{"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "TILE_ORDER": true, "PDL": false}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "TILE_ORDER": true}]'
     step slide-skip 60 python3 bench/attention_prefill.py --out "$OUT/slide" --profile --cases sliding:f8e4m3:100000 \
