@@ -20,7 +20,7 @@
 #   bash bench/device_plan.sh emitter35      # the emitter's s35 256-row form: runtime test, odd shapes, graph replay
 #   bash bench/device_plan.sh qkvg           # the prefill QKV+gate GEMM (N 1,030) against aligned routes
 #   bash bench/device_plan.sh s36            # emitter35 + qkvg + the 256-row forms' timings, one call
-#   bash bench/device_plan.sh s39            # (ran as s39run1: TRIP_HELPERS, since removed; its call now runs ONE_LOOP's)
+#   bash bench/device_plan.sh s39            # (ran as s39run1: TRIP_HELPERS, since removed; its call now runs s39c's)
 #   bash bench/device_plan.sh s39b           # (ran as s39run2: ONE_LOOP, since removed; its call now runs s39c's)
 #   bash bench/device_plan.sh s39c           # the sliding prefill on 4 warps (the emitter's): GPU cases, tiles, the step
 #   bash bench/device_plan.sh s39d           # ... with EX2_FTZ: GPU cases, the pass's ncu, the step against 8 warps without

@@ -288,8 +288,8 @@ def _jobs() -> list[tuple[str, dict, int]]:
     mirror = [(f"full-tp8,full,f8e4m3,gate,mirror,o{i}", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
                                                               GATE=True, MIRROR=True, _OPTION=i), 90) for i in range(3)]
     # and its attention with TMA loads of the mirrors' unmasked blocks (descriptor arguments), both targets
-    tma = [(f"full-tp8,full,f8e4m3,gate,mirror,tma", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
-                                                          GATE=True, MIRROR=True, TMA=True), arch) for arch in (90, 100)]
+    tma = [("full-tp8,full,f8e4m3,gate,mirror,tma", dict(spec_constants(full, 8, "full", "f8e4m3", page=16),
+                                                         GATE=True, MIRROR=True, TMA=True), arch) for arch in (90, 100)]
     # and its stage 2 as the warp-specialised Gluon kernel (WGMMA: wgmma, so sm_90a only), with and without the gate,
     # and with its two warpgroups as two partitions (WG_SPLIT)
     wgmma = [(f"full-tp8,full,f8e4m3,{'gate,' if gate else ''}mirror,wgmma",

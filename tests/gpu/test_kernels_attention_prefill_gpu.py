@@ -65,6 +65,15 @@ def _norm_rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
+def _gate_inputs(q: torch.Tensor, seed: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output gate's inputs beside q [T, HQ, D]: g [T, HQ, D] bf16 (pad > 0: rows `pad` heads longer than their
+    HQ heads, strided as the packed projection leaves them) and b [HQ, 1] bf16, drawn from a generator seeded `seed`."""
+    T, hq, d = q.shape
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.randn(T, (hq + pad) * d, device="cuda", generator=gen).to(torch.bfloat16)[:, :hq * d].view(T, hq, d)
+    return g, torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)
+
+
 def _run_plain(m, ins: list, graph: bool = False) -> torch.Tensor:
     """One launch of a render without scratch, its output poisoned with NaN first, eager or (graph) captured and
     replayed once; synchronised."""
@@ -125,10 +134,7 @@ def test_f16_dot_matches_fp32_reference(case, kind, gate, kdir):
     seqs, shuffle = CASES[case]
     ins = make_case(c, seqs, seed=8, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle)
     if gate:
-        T, hq, d = ins[0].shape
-        gen = torch.Generator(device="cuda").manual_seed(3)
-        ins = [*ins, torch.randn(T, hq, d, device="cuda", generator=gen).to(torch.bfloat16),
-               torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)]
+        ins = [*ins, *_gate_inputs(ins[0], 3)]
     outs = [_run_plain(m, ins) for m in (mod, f16)]
     for m, out in zip((mod, f16), outs):
         assert not out.isnan().any(), (case, kind, gate, m.F16_DOT)
@@ -157,10 +163,7 @@ def test_sliding_step_tile_matches_reference(case, gate, kdir):
     seqs, shuffle = CASES[case]
     ins = make_case(c, seqs, seed=19, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
     if gate:
-        T, hq, d = ins[0].shape
-        gen = torch.Generator(device="cuda").manual_seed(5)
-        ins = [*ins, torch.randn(T, hq, d, device="cuda", generator=gen).to(torch.bfloat16),
-               torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)]
+        ins = [*ins, *_gate_inputs(ins[0], 5)]
     outs = [_run_plain(m, ins) for m in (base, step)]
     graphed = _run_plain(step, ins, graph=True)
     assert not outs[1].isnan().any() and torch.equal(graphed, outs[1]), case
@@ -185,10 +188,8 @@ def test_q16_out_gives_the_same_bits(kind, case, gate, warps, kdir):
     assert q16.Q16_OUT and not base.Q16_OUT
     seqs, shuffle = CASES[case]
     ins = make_case(c, seqs, seed=23, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
-    if gate:
-        T, hq, d = ins[0].shape
-        g = torch.randn(T, (hq + 1) * d, device="cuda", dtype=torch.bfloat16)[:, :hq * d].view(T, hq, d)
-        ins = [*ins, g, torch.randn(hq, 1, device="cuda", dtype=torch.bfloat16)]
+    if gate:  # (g's rows strided, as the packed projection leaves them)
+        ins = [*ins, *_gate_inputs(ins[0], 7, pad=1)]
     outs = [_run_plain(m, ins) for m in (base, q16)]
     graphed = _run_plain(q16, ins, graph=True)
     line = dict(kind=kind, case=case, gate=gate, warps=warps, bitwise=bool(torch.equal(outs[1], outs[0])),
@@ -268,9 +269,7 @@ def test_gated_kernel_equals_attention_then_sigmoid_gate(kind, cache, kdir):
                                                                           HEAD_DIM=c["HEAD_DIM"], PDL=True)), kdir)
     ins = make_case(c, [(0, 0, 300), (1, 511, 17), (2, 4096, 1)], seed=3, device="cuda", q_dtype=torch.bfloat16)
     T, hq, d = ins[0].shape
-    gen = torch.Generator(device="cuda").manual_seed(13)
-    g = torch.randn(T, (hq + 2) * d, device="cuda", generator=gen).to(torch.bfloat16)[:, :hq * d].view(T, hq, d)
-    b = torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)
+    g, b = _gate_inputs(ins[0], 13, pad=2)
     o = torch.full_like(ins[0], float("nan"))
     unfused = torch.full_like(o, float("nan"))
     fused = torch.full_like(o, float("nan"))
@@ -356,9 +355,7 @@ def test_wgmma_render_matches_reference(kind, case, short, gate, tiles, kdir):
     ins = make_case(c, seqs, seed=11, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
     T, hq, d = ins[0].shape
     if gate:
-        gen = torch.Generator(device="cuda").manual_seed(5)
-        g = torch.randn(T, (hq + 2) * d, device="cuda", generator=gen).to(torch.bfloat16)[:, :hq * d].view(T, hq, d)
-        ins = [*ins, g, torch.randn(hq, 1, device="cuda", generator=gen).to(torch.bfloat16)]
+        ins = [*ins, *_gate_inputs(ins[0], 5, pad=2)]
     outs = [_run_poisoned(m, ins)[0] for m in (tri, wg)]
     nan = int(outs[1].isnan().sum())
     vs_triton = _norm_rel(outs[1], outs[0]) if nan == 0 else float("inf")
