@@ -253,9 +253,13 @@ QK_CASES = [(spec, mode, layout) for spec in ("tiny", "odd") for mode in ("rope"
 QK_CASES += [("wide", "rope", "paged"), ("wide", "ssmax", "ring")]
 # rendered with PDL on (gdc calls in the source; the interpreter skips them): the same results
 QK_PDL_CASES = [("odd", "rope", "paged"), ("tiny", "ssmax", "ring")]
+# TOKENS (tokens a program): 3 over the cases' 8 tokens (the last program's third token masked), 8 (one program);
+# "wide" (20 q heads: more than a block) keeps one token a program
+QK_TOKENS_CASES = [("tiny", "rope", "ring", 3), ("odd", "ssmax", "paged", 3), ("odd", "rope", "ring", 8),
+                   ("wide", "rope", "paged", 3)]
 
 
-def check_qk(spec_name, mode, layout, tiny, kdir, pdl: bool = False) -> dict:
+def check_qk(spec_name, mode, layout, tiny, kdir, pdl: bool = False, tokens: int = 1) -> dict:
     page = (4 if spec_name == "tiny" else 3) if layout == "paged" else None
     if spec_name == "tiny":
         c, window = qk_constants(tiny, 1, mode, "f32", "f32", page), tiny.effective_window
@@ -265,10 +269,18 @@ def check_qk(spec_name, mode, layout, tiny, kdir, pdl: bool = False) -> dict:
             c.update(HQ=20, HKV=10)
     if pdl:
         c["PDL"] = True
-    mod = load_interpreted("qk_norm_pos_kv", c, kdir)
+    mod = load_interpreted("qk_norm_pos_kv", dict(c, TOKENS=tokens), kdir)
     q, k, v, wq, wk, kc, vc, slot, pos, block_table, (r0, r1) = _qk_case(c, window, layout == "paged", seed=len(c))
+    if tokens > 1:  # the render with TOKENS tokens a program (where q's and k's heads each fit a block) gives the
+        # bits of the one-token render
+        assert mod.TOKENS == (tokens if c["HQ"] <= 8 and c["HKV"] <= 8 else 1), mod.TOKENS
+        one = load_interpreted("qk_norm_pos_kv", c, kdir)
+        kc1, vc1, q1 = kc.clone(), vc.clone(), torch.full_like(q, float("nan"))
+        one.launch(q, k, v, wq, wk, kc1, vc1, slot, pos, *([block_table] if block_table is not None else []), q1)
     q_out = torch.full_like(q, float("nan"))
     mod.launch(q, k, v, wq, wk, kc, vc, slot, pos, *([block_table] if block_table is not None else []), q_out)
+    if tokens > 1:
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in ((q_out, q1), (kc, kc1), (vc, vc1)))
 
     q_ref, k_ref, v_ref = qk_reference(c, q, k, v, wq, wk, pos)
     assert torch.isfinite(q_out).all()
@@ -290,6 +302,12 @@ def test_qk_norm_pos_kv_matches_reference(spec_name, mode, layout, interpreted):
 def test_qk_norm_pos_kv_pdl_render_interpreted(spec_name, mode, layout, interpreted):
     """A PDL render (gdc calls in the kernel, launch_pdl in OPTIONS) runs in the interpreter and still matches."""
     _check(interpreted, f"qk[{spec_name}-{mode}-{layout}+pdl]")
+
+
+@pytest.mark.parametrize("spec_name,mode,layout,tokens", QK_TOKENS_CASES)
+def test_qk_norm_pos_kv_tokens_render_gives_the_same_bits(spec_name, mode, layout, tokens, interpreted):
+    """TOKENS tokens a program (their loads issued before the first norm): the one-token render's bits."""
+    _check(interpreted, f"qk[{spec_name}-{mode}-{layout}+tokens{tokens}]")
 
 
 @pytest.mark.parametrize("mode", ["rope", "ssmax"])
@@ -523,6 +541,10 @@ def _variants() -> list[tuple[str, str, dict]]:
             # SPLIT_K at 512 tokens (8 K splits; the selection sums the partials)
             out.append((f"moe_router[{name},large,split-k,T512]", "moe_router",
                         {**router_constants(spec, "large"), "SPLIT_K": True, "_T": 512}))
+            # TOKENS (8 tokens a program, their loads before the first norm): a sliding and a full layer's render
+            for mode, cache in (("rope", "f8e4m3"), ("ssmax", "f8e4m3")):
+                out.append((f"qk_norm_pos_kv[{name},{mode},ring,{cache},tokens8]", "qk_norm_pos_kv",
+                            {**qk_constants(spec, tp, mode, "bf16", cache, None), "TOKENS": 8}))
     return out
 
 
@@ -580,8 +602,8 @@ def test_aot_compile_every_variant(tmp_path):
             # the router: one wait per stage's branch (the one-launch router: one)
             assert r["waits"] == (1 if not r["router"] or r["one_launch"] else 3 if r["w_split"] else 2), r
             assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 90
-    assert sum(r["pdl"] for r in results) == 64
+    assert len(results) == 2 * len(_variants()) == 94
+    assert sum(r["pdl"] for r in results) == 68
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
 
@@ -592,6 +614,8 @@ def _interpreter_cases(tiny):
     yield "qk_fp8", check_qk_fp8, ()
     yield from ((f"router[{a}-{b}-{t}]", check_router, (a, b, t)) for a, b, t in ROUTER_CASES)
     yield from ((f"qk[{a}-{b}-{c}+pdl]", lambda *x: check_qk(*x, pdl=True), (a, b, c)) for a, b, c in QK_PDL_CASES)
+    yield from ((f"qk[{a}-{b}-{c}+tokens{n}]", lambda *x, n=n: check_qk(*x, tokens=n), (a, b, c))
+                for a, b, c, n in QK_TOKENS_CASES)
     yield from ((f"router[{a}-{b}-{t}+pdl]", lambda *x: check_router(*x, pdl=True), (a, b, t))
                 for a, b, t in ROUTER_PDL_CASES)
     yield from ((f"router[{a}-{b}-{t}+one]", lambda *x: check_router(*x, one_launch=True), (a, b, t))

@@ -106,9 +106,16 @@ def _compare(got: torch.Tensor, ref: torch.Tensor) -> dict:
 
 # ---------------------------------------------------------------- qk_norm_pos_kv
 QK_SHAPES = {"tp8": (8, 512), "tp1": (1, 512), "odd": (None, ODD_WINDOW)}
-QK_CASES = [(shape, mode, cache, layout, T, True) for shape in QK_SHAPES for mode in ("rope", "ssmax")
+QK_CASES = [(shape, mode, cache, layout, T, True, {}) for shape in QK_SHAPES for mode in ("rope", "ssmax")
             for cache in ("bf16", "f8e4m3") for layout in ("ring", "paged") for T in (1, 5, 300)]
-QK_CASES += [("tp8", "rope", "bf16", "ring", 300, False), ("odd", "ssmax", "f8e4m3", "paged", 5, False)]  # no PDL
+QK_CASES += [("tp8", "rope", "bf16", "ring", 300, False, {}),  # no PDL
+             ("odd", "ssmax", "f8e4m3", "paged", 5, False, {})]
+# render variants (bench/qk_norm_prefill.py times them): TOKENS tokens a program (T = 5 with 3: the last program's
+# third token masked), NUM_WARPS
+QK_CASES += [("tp8", "rope", "f8e4m3", "ring", 300, True, {"TOKENS": 4}),
+             ("tp8", "ssmax", "f8e4m3", "paged", 300, True, {"TOKENS": 4}),
+             ("tp8", "rope", "bf16", "paged", 5, True, {"TOKENS": 3}),
+             ("tp8", "rope", "f8e4m3", "ring", 300, True, {"NUM_WARPS": 8})]
 
 
 def _positions(T: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,14 +129,15 @@ def _positions(T: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(slot, device="cuda"), torch.tensor(pos, device="cuda")
 
 
-@pytest.mark.parametrize("shape,mode,cache,layout,T,pdl", QK_CASES)
-def test_qk_norm_pos_kv_bitwise(shape, mode, cache, layout, T, pdl, kdir, summary):
+@pytest.mark.parametrize("shape,mode,cache,layout,T,pdl,tiles", QK_CASES)
+def test_qk_norm_pos_kv_bitwise(shape, mode, cache, layout, T, pdl, tiles, kdir, summary):
     tp, window = QK_SHAPES[shape]
     page = (16 if shape != "odd" else 3) if layout == "paged" else None
     c = (qk_constants(load_spec(ROOT / "models/beam.yaml"), tp, mode, "bf16", cache, page) if tp
          else odd_qk_constants(mode, "bf16", cache, page))
     if not pdl:
         c["PDL"] = False  # (the bf16 default is on)
+    c.update(tiles)
     mod = _module("qk_norm_pos_kv", c, kdir)
     assert mod.OPTIONS["launch_pdl"] is pdl
     hq, hkv, d = c["HQ"], c["HKV"], c["HEAD_DIM"]
@@ -173,7 +181,8 @@ def test_qk_norm_pos_kv_bitwise(shape, mode, cache, layout, T, pdl, kdir, summar
     written[rows] = True
     untouched = all(torch.equal(_bits(a)[0][~written], _bits(b)[0][~written]) for a, b in ((kc, kc0), (vc, vc0)))
     us = _time_us(lambda: mod.launch(*args)) if T in (1, 300) else None
-    rec = dict(case=f"{shape}-{mode}-{cache}-{layout}-T{T}{'' if pdl else '-no-pdl'}", q=rq, k=rk, v_mismatch=rv["mismatch"],
+    rec = dict(case=f"{shape}-{mode}-{cache}-{layout}-T{T}{'' if pdl else '-no-pdl'}"
+               + "".join(f"-{k}{v}" for k, v in tiles.items()), q=rq, k=rk, v_mismatch=rv["mismatch"],
                untouched=untouched, cpu_vs_cuda_ref_q=base_q["mismatch"], cpu_vs_cuda_ref_k=base_k["mismatch"], us=us)
     summary["qk_norm_pos_kv"].append(rec)
     print(f"qk {rec['case']}: q {rq['mismatch']}/{rq['of']} (max {rq['max_ulp']} ulp), k {rk['mismatch']}/{rk['of']}, "
