@@ -237,15 +237,21 @@ def _cuobjdump() -> str | None:
 
 
 def cuobjdump_text(cubin: bytes, tmp: Path, flag: str = "-sass") -> str | None:
-    """cuobjdump's `flag` listing (-sass, -res-usage) of a cubin (written under tmp); None without cuobjdump."""
+    """cuobjdump's `flag` listing (-sass, -res-usage) of a cubin (written under tmp, in a file of its own: worker
+    processes compiling into the same directory must not read each other's); None without cuobjdump."""
     import subprocess
+    import tempfile
 
     tool = _cuobjdump()
     if tool is None:
         return None
-    f = tmp / "k.cubin"
-    f.write_bytes(cubin)
-    return subprocess.run([tool, flag, str(f)], capture_output=True, text=True, check=True).stdout
+    fd, name = tempfile.mkstemp(suffix=".cubin", dir=tmp)
+    with os.fdopen(fd, "wb") as f:
+        f.write(cubin)
+    try:
+        return subprocess.run([tool, flag, name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(name)
 
 
 def local_bytes(cubin: bytes, tmp: Path) -> int | None:
