@@ -3,8 +3,8 @@
     python bench/qk_norm_prefill.py [--out DIR] [--tokens 16384] [--tiles '[{}, {"TOKENS": 4}, {"NUM_WARPS": 8}]']
 
 One TP-8 rank's shapes of the full spec, fp8 caches, 8 sequences of tokens/8 new tokens after 100,000 of context:
-the sliding layers' render (RoPE, a ring per sequence) and the full layers' (SSMax, pages of 16). Each variant (a dict
-of template constants over the emitter's) is launched 10 times in one CUDA graph; TB/s = the bytes the kernel must
+the step's two renders as the compiler emits them (RoPE over the sliding layers' rings, SSMax over the full layers'
+pages). Each variant (a dict of template constants over the emitter's) is launched 10 times in one CUDA graph; TB/s = the bytes the kernel must
 move (q, k, v read; q_out and the cache rows written) over its time, beside the copy bandwidth measured in the same
 run. Outputs (q_out and the written cache rows) are compared with the first variant's: `bitwise`, else the count of
 differing elements. Writes DIR/qk-norm-prefill-<date>.json; prints a table last. --dry: the script under Triton's CPU
@@ -20,27 +20,32 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def layer_constants(mode: str, dtype: str, cache: str) -> dict:
-    """The template's constants of one full-spec layer kind at TP 8 (rope: the sliding layers' ring, ssmax: the full
-    layers' pages of 16)."""
-    from beamc.spec import load_spec
+def step_constants(dry: bool) -> tuple[dict[str, dict], int]:
+    """The constants of the step's qk_norm_pos_kv kernels as the compiler emits them for one TP-8 rank of the full
+    spec with an fp8 cache (by MODE: rope, the sliding layers' ring; ssmax, the full layers' pages), and the window.
+    --dry: fp32 activations and caches, no PDL (the interpreter)."""
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import PASSES
+    from beamc.spec import load_spec, parse_spec
 
-    a = load_spec(ROOT / "models/beam.yaml").attention
-    c = dict(DTYPE=dtype, CACHE_DTYPE=cache, HQ=a.num_heads // 8, HKV=max(a.num_kv_heads // 8, 1), HEAD_DIM=a.head_dim,
-             EPS=a.qk_norm.eps, NORM_OFFSET=a.qk_norm.offset, MODE=mode, PAGED=mode == "ssmax")
-    if mode == "rope":
-        c["THETA"] = a.sliding.rope.theta
-    else:
-        qs = a.full.q_scale
-        c.update(LENGTH=qs.length, POS_OFFSET=qs.offset, EXPONENT=qs.exponent, PAGE_SIZE=16)
-    return c, a.sliding.window
+    data = load_spec(ROOT / "models/beam.yaml").model_dump()
+    data["dtypes"]["kv_cache"] = "fp8"
+    spec = parse_spec(data)
+    pkg = compile_package(spec, tp=8, dtype="bf16", passes=list(PASSES), phases=("prefill",))
+    out = {k.constants["MODE"]: dict(k.constants) for k in pkg.kernels.values() if k.template == "qk_norm_pos_kv"}
+    if dry:
+        for c in out.values():
+            c.update(DTYPE="f32", CACHE_DTYPE="f32", PDL=False)
+    return out, spec.attention.sliding.window
 
 
-def make_inputs(c: dict, window: int, T: int, prior: int, device, torch):
+def make_inputs(c: dict, window: int, T: int, prior: int, device):
     """Launcher inputs: 8 sequences of T / 8 new tokens at positions prior ..; v a strided view (as the packed
     projection leaves it); caches poisoned (NaN / 0x7F) so that a missed write shows."""
     g = torch.Generator(device=device).manual_seed(T)
@@ -83,8 +88,6 @@ def outputs(ins) -> list:
 
 def differing(a, b) -> int:
     """Elements whose bits differ (NaN payloads included)."""
-    import torch
-
     if a.dtype != b.dtype or a.shape != b.shape:
         return -1
     ia = a.view(torch.uint8) if a.element_size() == 1 else a.view(torch.int16 if a.element_size() == 2 else torch.int32)
@@ -102,8 +105,6 @@ def main() -> int:
                     help="JSON list of template-constant dicts over the emitter's (the first: the reference)")
     ap.add_argument("--dry", action="store_true", help="under TRITON_INTERPRET=1 at 64 tokens (set it yourself)")
     args = ap.parse_args()
-    import torch
-
     sys.path.insert(0, str(ROOT / "bench"))
     import kernels as kb  # graph_time and copy_bandwidth, with the same device switch
     from beamc.codegen.kernel import KernelSpec, load_kernel
@@ -114,12 +115,12 @@ def main() -> int:
     kdir = tempfile.mkdtemp(prefix="beamc_bench_qk_")
     bw = 0.0 if args.dry else max(kb.copy_bandwidth(), kb.copy_bandwidth())
     records = []
-    for mode in ("rope", "ssmax"):
-        c, window = layer_constants(mode, "f32" if args.dry else "bf16", "f32" if args.dry else "f8e4m3")
+    constants, window = step_constants(args.dry)
+    for mode, c in sorted(constants.items()):
         ref = None
         for t in tiles:
             mod = load_kernel(KernelSpec("qk_norm_pos_kv", "qk_norm_pos_kv", {**c, **t}), kdir)
-            ins = make_inputs(c, window, T, args.prior, device, torch)
+            ins = make_inputs(c, window, T, args.prior, device)
             mod.launch(*ins)
             outs = [x.clone() for x in outputs(ins)]
             ref = ref or outs

@@ -271,14 +271,15 @@ def check_qk(spec_name, mode, layout, tiny, kdir, pdl: bool = False, tokens: int
         c["PDL"] = True
     mod = load_interpreted("qk_norm_pos_kv", dict(c, TOKENS=tokens), kdir)
     q, k, v, wq, wk, kc, vc, slot, pos, block_table, (r0, r1) = _qk_case(c, window, layout == "paged", seed=len(c))
+    bt = [block_table] if block_table is not None else []
     if tokens > 1:  # the render with TOKENS tokens a program (where q's and k's heads each fit a block) gives the
         # bits of the one-token render
         assert mod.TOKENS == (tokens if c["HQ"] <= 8 and c["HKV"] <= 8 else 1), mod.TOKENS
         one = load_interpreted("qk_norm_pos_kv", c, kdir)
         kc1, vc1, q1 = kc.clone(), vc.clone(), torch.full_like(q, float("nan"))
-        one.launch(q, k, v, wq, wk, kc1, vc1, slot, pos, *([block_table] if block_table is not None else []), q1)
+        one.launch(q, k, v, wq, wk, kc1, vc1, slot, pos, *bt, q1)
     q_out = torch.full_like(q, float("nan"))
-    mod.launch(q, k, v, wq, wk, kc, vc, slot, pos, *([block_table] if block_table is not None else []), q_out)
+    mod.launch(q, k, v, wq, wk, kc, vc, slot, pos, *bt, q_out)
     if tokens > 1:
         assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in ((q_out, q1), (kc, kc1), (vc, vc1)))
 
