@@ -263,7 +263,9 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     done
     ;;
   s40)  # (~7 minutes) qk_norm_pos_kv at prefill sizes (~100 us a layer for ~63 MB: 5.3 ms a step): its GPU cases (the
-    # render variants among them), the variants' timings, then the step with the best of them, and s39h's 12th case
+    # render variants among them), the variants' timings, then the step with the best of them; first the router with
+    # each launch's binary its own (STAGE pinned: the selection's binary had 25 KB of stack a thread)
+    tests t-router 120 tests/gpu/test_kernels_attn_router_gpu.py -k "reserves_no_local or bf16x3 or pdl_chain or split_k"
     tests t-qk 150 tests/gpu/test_kernels_attn_router_gpu.py -k "qk_norm_pos_kv"
     step qk-bench 120 python3 bench/qk_norm_prefill.py --out "$OUT/qk" \
       --tiles '[{}, {"TOKENS": 2}, {"TOKENS": 4}, {"NUM_WARPS": 8}, {"TOKENS": 4, "NUM_WARPS": 8}, {"NUM_WARPS": 2}, {}]'

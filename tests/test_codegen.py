@@ -174,17 +174,29 @@ def test_every_kernel_of_the_package_equals_its_reference_fp32(spec_name, tmp_pa
     assert len({row["kernel"] for row in rows if row["op"] == "boundary"}) == 2 * spec.num_layers
 
 
-def _aot(job: tuple[str, str, int]) -> tuple[str, int, int]:
-    """Compile one generated module for one arch (in a worker process: fresh Triton state, no interpreter)."""
+def _aot(job: tuple[str, str, int]) -> tuple[str, int, int, list]:
+    """Compile one generated module for one arch (in a worker process: fresh Triton state, no interpreter): the
+    smallest cubin's size and each binary's local memory a thread (cuobjdump's STACK + LOCAL; None without it)."""
     name, source, arch = job
     os.environ["TRITON_INTERPRET"] = "0"
+    import sys
     import tempfile
 
     from beamc.codegen.kernel import launch_options, load_source
 
-    mod = load_source(source, name, tempfile.mkdtemp())
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_kernels_gemv import local_bytes
+
+    d = tempfile.mkdtemp()
+    mod = load_source(source, name, d)
     # every binary the launcher launches (the router's selection has options of its own)
-    return name, arch, min(len(aot_compile(mod, arch, o).asm["cubin"]) for o in launch_options(mod))
+    cubins = [aot_compile(mod, arch, o).asm["cubin"] for o in launch_options(mod)]
+    return name, arch, min(len(c) for c in cubins), [local_bytes(c, Path(d)) for c in cubins]
+
+
+# local memory a thread that a launched binary may take (the largest now, sm_90a: the MoE prefill's all-stages binary at
+# 255 registers, 2,864 bytes, launched only for weights not re-laid-out; the rest <= 332)
+LOCAL_LIMIT = 4096
 
 
 def test_every_kernel_compiles_ahead_of_time_for_sm90a_and_sm100a():
@@ -202,7 +214,12 @@ def test_every_kernel_compiles_ahead_of_time_for_sm90a_and_sm100a():
     assert any(name.startswith("l2_prefetch_") for name, _, _ in jobs)
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         done = list(pool.map(_aot, jobs, chunksize=4))
-    assert len(done) == len(jobs) > 200 and all(n > 0 for _, _, n in done)
+    assert len(done) == len(jobs) > 200 and all(n > 0 for _, _, n, _ in done)
+    # no binary spills kilobytes a thread: once a binary needing local memory is launched, the driver keeps that much
+    # for every thread slot of the GPU (the router's selection once shared stage 0's binary, compiled at one warp:
+    # 25 KB a thread, ~7 GB of an H100's memory)
+    big = [(name, arch, i, b) for name, arch, _, local in done for i, b in enumerate(local) if (b or 0) > LOCAL_LIMIT]
+    assert not big, f"binaries with more than {LOCAL_LIMIT} bytes of local memory a thread (name, arch, option set, bytes): {big}"
 
 
 def test_every_op_has_an_emitter():

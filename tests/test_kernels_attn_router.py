@@ -539,6 +539,10 @@ def _variants() -> list[tuple[str, str, dict]]:
                         {**router_constants(spec, "large"), "BF16X3": False, "TF32X2": False}))
             out.append((f"moe_router[{name},large,w-split]", "moe_router",
                         {**router_constants(spec, "large"), "BF16X3": False, "W_SPLIT": True}))
+            # the first launch of each (stage 2: W split into the scratch), a binary of its own
+            out.append((f"moe_router[{name},large,split]", "moe_router", {**router_constants(spec, "large"), "_OPTS": 2}))
+            out.append((f"moe_router[{name},large,w-split,split]", "moe_router",
+                        {**router_constants(spec, "large"), "BF16X3": False, "W_SPLIT": True, "_OPTS": 2}))
             # SPLIT_K at 512 tokens (8 K splits; the selection sums the partials)
             out.append((f"moe_router[{name},large,split-k,T512]", "moe_router",
                         {**router_constants(spec, "large"), "SPLIT_K": True, "_T": 512}))
@@ -562,7 +566,10 @@ def _compile(args) -> dict:
     options = launch_options(mod)[which]
     ck = aot_compile(mod, arch, options)
     ptx = ck.asm["ptx"]
+    from test_kernels_gemv import local_bytes
+
     return dict(label=f"{label}@sm_{arch}", cubin=len(ck.asm["cubin"]), shared=ck.metadata.shared,
+                local=local_bytes(ck.asm["cubin"], Path(directory)), stage=options.get("constexprs", {}).get("STAGE"),
                 mma=bool(re.search(r"\bw?mma", ptx)), fp8_cvt="cvt.rn.satfinite.e4m3x2.f32" in ptx,
                 div_rn="div.rn.f32" in ptx, fp8=constants.get("CACHE_DTYPE") == "f8e4m3",
                 router=template == "moe_router", router_path=constants.get("PATH"),
@@ -580,33 +587,49 @@ def test_aot_compile_every_variant(tmp_path):
     and sm_100a (2 processes). The options contract: the launcher's OPTIONS, compiled with by aot_compile. PDL:
     griddepcontrol.launch_dependents first, then the wait(s) (one per stage for the router), no global store before
     a wait, and the parameters loaded before it (norm weights / W / bias); none of it without PDL."""
+    from test_kernels_gemv import SMALL_LOCAL
+
     jobs = [(label, t, c, arch, str(tmp_path / f"sm{arch}")) for label, t, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
     for r in results:
-        assert r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
+        # no spills: local memory is reserved for every thread slot of the GPU (the router's selection, when it shared
+        # stage 0's binary, compiled the GEMM at one warp: 25 KB a thread; libdevice's pow takes a 32-byte frame)
+        assert r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT and (r["local"] or 0) <= SMALL_LOCAL, r
+        # the router: each launch its own binary (STAGE pinned), the selection's (stage 1) without stage 0's GEMM and
+        # stage 0's without the selection (its sigmoid's division); the one-launch path: both in one
         if r["router"] and r["router_path"] == "small":
             assert not r["mma"], f"{r['label']}: small-M fp32 router on tensor cores (TF32?)"
-        if r["router"] and r["router_path"] == "large":  # 3xTF32: tensor cores, each operand split hi + lo
+        if r["router"] and r["router_path"] == "large" and r["stage"] is None:  # tensor cores, operands split
             assert r["mma"] and (r["tf32_split"] == 0 if r["tf32x2"] or r["bf16x3"] else r["tf32_split"] >= 2), r
             if r["label"].endswith("@sm_90"):  # BF16X3: bf16 wgmma (the others: TF32; sm_100's tcgen05 says f16)
                 assert r["bf16_mma"] == r["bf16x3"], r
+        if r["router"] and r["stage"] is not None:
+            assert not r["mma"], r
         assert r["fp8_cvt"] == r["fp8"], r
-        assert r["div_rn"] or not (r["router"] or r["fp8"]), r  # IEEE division: sigmoid, / scale
+        if r["router"]:
+            assert r["div_rn"] == (r["stage"] == 1 or r["one_launch"]), r  # IEEE division: the sigmoid
+        else:
+            assert r["div_rn"] or not r["fp8"], r  # / scale
         want = dict(num_warps=r["options"]["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
-                    launch_pdl=r["pdl"], **({"num_stages": 2} if r["router"] else {}))
+                    launch_pdl=r["pdl"], **({"num_stages": 2} if r["router"] else {}),
+                    **({"constexprs": {"STAGE": r["stage"]}} if r["stage"] is not None else {}))
         assert r["options"] == want and r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, r["pdl"], r["label"])
         # the one-launch router: an acq_rel atomic at GPU scope and fences (the last program reads the others' logits)
         assert r["atomic"] == r["fence"] == r["one_launch"], r
         if r["pdl"]:
-            # the router: one wait per stage's branch (the one-launch router: one)
-            assert r["waits"] == (1 if not r["router"] or r["one_launch"] else 3 if r["w_split"] else 2), r
-            assert max(r["loads_before_wait"]) > 0, r  # parameters first (qk: the weights; router: W / the bias)
-    assert len(results) == 2 * len(_variants()) == 94
-    assert sum(r["pdl"] for r in results) == 68
+            assert r["waits"] == 1, r  # (the router: each stage's binary of its own)
+            # parameters first (qk: the weights; the router's selection the bias, its small path's stage 0 its block
+            # of W); the large path's stage 0 reads W (or its parts, the split's output) step by step with x
+            if not (r["router"] and r["router_path"] == "large" and r["stage"] is None):
+                assert max(r["loads_before_wait"]) > 0, r
+    assert len(results) == 2 * len(_variants()) == 98
+    assert sum(r["pdl"] for r in results) == 72
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
+    assert {r["stage"] for r in results if r["router"] and ",select" in r["label"]} == {1}
+    assert {r["stage"] for r in results if r["router"] and ",split]" in r["label"]} == {2}
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

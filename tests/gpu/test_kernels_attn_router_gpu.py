@@ -233,6 +233,41 @@ def test_moe_router(spec_name, T, pdl, kdir, summary):
     _router_case(spec_name, T, pdl, kdir, summary)
 
 
+def _local_bytes_of_binaries(fn) -> list[int]:
+    """Local memory a thread of each binary a Triton kernel has loaded (the driver's LOCAL_SIZE_BYTES, which
+    Triton keeps as n_spills = bytes / 4)."""
+    out = []
+    for cache in fn.device_caches.values():
+        for ck in cache[0].values():
+            ck._init_handles()
+            out.append(4 * ck.n_spills)
+    return out
+
+
+@pytest.mark.parametrize("path", ["small", "large"])
+def test_moe_router_reserves_no_local_memory(path, kdir, summary):
+    """Each launch of the router its own binary (STAGE pinned): none needs local memory, and launching them takes
+    none of the GPU's free memory. (With one binary and a runtime stage, the one-warp selection's binary held
+    stage 0's GEMM compiled at one warp: 25 KB of stack a thread, which the driver reserves for every thread slot of
+    the GPU: ~7 GB.)"""
+    mod = _module("moe_router", _router_constants("full", path), kdir / f"local-{path}")
+    T = 70 if path == "small" else 4096
+    x, W, bias = _router_inputs(mod.CONSTEXPRS, T, seed=5)
+    weights = torch.empty((T, mod.TOP_K), device="cuda")
+    ids = torch.empty((T, mod.TOP_K), dtype=torch.int64, device="cuda")
+    scratch = torch.empty(mod.scratch_numel(T), device="cuda")
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    mod.launch(x, W, bias, weights, ids, scratch)
+    torch.cuda.synchronize()
+    drop = free0 - torch.cuda.mem_get_info()[0]
+    local = _local_bytes_of_binaries(mod.kernel)
+    summary[f"router_local[{path}]"] = dict(free_drop_mb=drop / 2**20, local_bytes=local)
+    print(f"router {path}: free memory -{drop / 2**20:.0f} MB at the first launch, local bytes a thread {local}")
+    assert len(local) == len(mod.LAUNCH_OPTIONS) and max(local) == 0, local
+    assert drop < 64 * 2**20, drop  # (the binaries' code and the launch's own state: a few MB)
+
+
 @pytest.mark.parametrize("spec_name,T", [("full", 70), ("full", 4096), ("full", 16384), ("odd", 70), ("odd", 1000),
                                          ("tiny", 300)])
 def test_moe_router_bf16x3(spec_name, T, kdir, summary):
