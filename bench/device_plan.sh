@@ -266,6 +266,9 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     # render variants among them), the variants' timings, then the step with the best of them; first the router with
     # each launch's binary its own (STAGE pinned: the selection's binary had 25 KB of stack a thread)
     tests t-router 120 tests/gpu/test_kernels_attn_router_gpu.py -k "reserves_no_local or bf16x3 or pdl_chain or split_k"
+    # (the template before STAGE, when present: `git show 4b19e63:beamc/codegen/templates/moe_router.py.j2`)
+    step router-local 90 python3 bench/router_local_memory.py --out "$OUT/local" \
+      $( [ -f bench/old/moe_router_s39.py.j2 ] && echo --old bench/old/moe_router_s39.py.j2 )
     tests t-qk 150 tests/gpu/test_kernels_attn_router_gpu.py -k "qk_norm_pos_kv"
     step qk-bench 120 python3 bench/qk_norm_prefill.py --out "$OUT/qk" \
       --tiles '[{}, {"TOKENS": 2}, {"TOKENS": 4}, {"NUM_WARPS": 8}, {"TOKENS": 4, "NUM_WARPS": 8}, {"NUM_WARPS": 2}, {}]'
