@@ -74,7 +74,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40-lite, s40b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -264,7 +264,7 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     ;;
   s40)  # (~7 minutes) qk_norm_pos_kv at prefill sizes (~100 us a layer for ~63 MB: 5.3 ms a step): its GPU cases (the
     # render variants among them), the variants' timings, then the step with the best of them; first the router with
-    # each launch's binary its own (STAGE pinned: the selection's binary had 25 KB of stack a thread)
+    # each launch's binary its own (STAGE pinned: the selection's AOT binary had 25 KB of stack a thread)
     tests t-router 120 tests/gpu/test_kernels_attn_router_gpu.py -k "reserves_no_local or bf16x3 or pdl_chain or split_k"
     # (the template before STAGE, when present: `git show 4b19e63:beamc/codegen/templates/moe_router.py.j2`)
     step router-local 90 python3 bench/router_local_memory.py --out "$OUT/local" \
@@ -274,6 +274,23 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
       --tiles '[{}, {"TOKENS": 2}, {"TOKENS": 4}, {"NUM_WARPS": 8}, {"TOKENS": 4, "NUM_WARPS": 8}, {"NUM_WARPS": 2}, {}]'
     step variants-s40 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s40-qk \
       --variant t4=qk_norm_pos_kv.TOKENS=4
+    ;;
+  s40-lite)  # (~5 minutes) s40 without the prefill step: the router's checks, qk_norm_pos_kv's GPU cases and timings
+    tests t-router 120 tests/gpu/test_kernels_attn_router_gpu.py -k "reserves_no_local or bf16x3 or pdl_chain or split_k"
+    # (the template before STAGE, when present: `git show 4b19e63:beamc/codegen/templates/moe_router.py.j2`)
+    step router-local 90 python3 bench/router_local_memory.py --out "$OUT/local" \
+      $( [ -f bench/old/moe_router_s39.py.j2 ] && echo --old bench/old/moe_router_s39.py.j2 )
+    tests t-qk 150 tests/gpu/test_kernels_attn_router_gpu.py -k "qk_norm_pos_kv"
+    step qk-bench 120 python3 bench/qk_norm_prefill.py --out "$OUT/qk" \
+      --tiles '[{}, {"TOKENS": 2}, {"TOKENS": 4}, {"NUM_WARPS": 8}, {"TOKENS": 4, "NUM_WARPS": 8}, {"NUM_WARPS": 2}, {}]'
+    ;;
+  s40b)  # (~4 minutes) the emitter's prefill render of qk_norm_pos_kv (TOKENS 2, s40run1's fastest): its GPU cases,
+    # its timings against 1 token and with k's tile as q's (KV_BLOCK 8: the one-token render's bits), the step
+    tests t-qk 100 tests/gpu/test_kernels_attn_router_gpu.py -k "qk_norm_pos_kv"
+    step qk-bench 90 python3 bench/qk_norm_prefill.py --out "$OUT/qk" \
+      --tiles '[{"TOKENS": 1}, {"TOKENS": 2}, {"TOKENS": 2, "KV_BLOCK": 8}, {"TOKENS": 3}, {"TOKENS": 1}]'
+    step variants-s40b 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s40b-qk \
+      --variant t1=qk_norm_pos_kv.TOKENS=1
     ;;
   s39h)  # (~4 minutes) each MIRROR pass leaves the other pass's rows out before loading q (the pass over the
     # unmirrored slots, 28-33 us when every slot is mirrored): the mirror cases bitwise, the full and sliding spans
@@ -377,7 +394,7 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40-lite, s40b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

@@ -1,7 +1,9 @@
 """The router's binaries' local memory and what launching them takes of the GPU's free memory: the template as it is
 (each launch its own binary, STAGE pinned) against a saved earlier one (`--old TEMPLATE`: one binary for stages 0 / 1
-with a runtime stage, its one-warp selection binary holding stage 0's GEMM at one warp: 25,424 bytes of stack a thread
-by ptxas). Each render in a fresh process (the driver keeps the largest local memory it has reserved).
+with a runtime stage, whose one-warp selection binary compiled ahead of time holds stage 0's GEMM at one warp: 25,424
+bytes of stack a thread by ptxas). Each render in a fresh process (the driver keeps the largest local memory it has
+reserved). H100, s40run1: 0 MB and 0 bytes for both: Triton's JIT specialises stage = 1 (an integer argument equal to
+1), so the binary it launched for the selection had no GEMM in it.
 
     git show 4b19e63:beamc/codegen/templates/moe_router.py.j2 > /tmp/old/moe_router_s39.py.j2   # (before STAGE)
     python bench/router_local_memory.py --out $OUT [--old /tmp/old/moe_router_s39.py.j2]

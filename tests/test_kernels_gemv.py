@@ -256,14 +256,14 @@ def cuobjdump_text(cubin: bytes, tmp: Path, flag: str = "-sass") -> str | None:
 
 # local memory a thread that a kernel's binary may take: ABI frames of a few bytes (libdevice's pow: 32) pass; a spill
 # of kilobytes does not (the driver reserves a launched binary's local memory for every thread slot of the GPU: 256
-# bytes a thread is ~70 MB of an H100, the router's old 25 KB ~7 GB)
+# bytes a thread is ~70 MB of an H100, 25 KB ~7 GB)
 SMALL_LOCAL = 256
 
 
 def local_bytes(cubin: bytes, tmp: Path) -> int | None:
     """Per-thread local memory of a cubin by cuobjdump -res-usage: its STACK (where ptxas puts spills: a spilling
     binary shows LOCAL:0) plus LOCAL; None without cuobjdump. The driver reserves this for every thread slot of the
-    GPU once a binary needing it is launched (25 KB a thread: ~7 GB on an H100)."""
+    GPU once a binary needing it is launched (25 KB a thread: ~7 GB of an H100)."""
     import re
 
     res = cuobjdump_text(cubin, tmp, "-res-usage")

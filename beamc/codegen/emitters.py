@@ -152,12 +152,21 @@ def _sigmoid_gate(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     return [kernel(node, "sigmoid_gate", ctx, HEADS=o.shape[1], HEAD_DIM=o.shape[2])]
 
 
+# prefill steps (sm90): two tokens a program (the template's TOKENS: their loads issued before the first norm). H100
+# (s40run1; bench/results/qk-norm-prefill-2026-12-06-s40run1.json: 16,384 tokens after 100K, graph us, the sliding /
+# full layers' render): 98.7 / 85.5 -> 50.4 / 31.4 (4 tokens 65.7 / 37.0, 3 tokens 60.6 / 32.4 in s40run2); the
+# prefill step 363.78 -> 361.14 ms (s40run2, logits bitwise; predicted -2.6). The template takes it only where a
+# token's q and k heads fit one block. Pinned back with `--set qk_norm_pos_kv.TOKENS=1`
+QK_NORM_PREFILL_TILES = dict(TOKENS=2)
+
+
 @emits("qk_norm_pos_kv")
 def _qk_norm_pos_kv(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     q, k, v, wq, wk, kc = node.inputs[:6]
+    tiles = QK_NORM_PREFILL_TILES if g.meta["phase"] != "decode" and ctx.target == "sm90" else {}
     return [kernel(node, "qk_norm_pos_kv", ctx, HQ=q.shape[1], HKV=k.shape[1], HEAD_DIM=q.shape[2],
                    **_qk_constants(node.attrs), CACHE_DTYPE=kc.dtype, PAGED=bool(node.attrs.get("paged")),
-                   PAGE_SIZE=kc.shape[1] if node.attrs.get("paged") else 0)]
+                   PAGE_SIZE=kc.shape[1] if node.attrs.get("paged") else 0, **tiles)]
 
 
 def _qk_constants(a: dict) -> dict:

@@ -116,6 +116,10 @@ QK_CASES += [("tp8", "rope", "f8e4m3", "ring", 300, True, {"TOKENS": 4}),
              ("tp8", "ssmax", "f8e4m3", "paged", 300, True, {"TOKENS": 4}),
              ("tp8", "rope", "bf16", "paged", 5, True, {"TOKENS": 3}),
              ("tp8", "rope", "f8e4m3", "ring", 300, True, {"NUM_WARPS": 8})]
+# the prefill steps' render on sm90 (emitters.QK_NORM_PREFILL_TILES: 2 tokens), and with k's tile as q's (KV_BLOCK)
+QK_CASES += [("tp8", mode, "f8e4m3", layout, T, True, {"TOKENS": 2}) for mode, layout in (("rope", "ring"),
+             ("ssmax", "paged")) for T in (5, 300)]
+QK_CASES += [("tp8", "rope", "f8e4m3", "ring", 300, True, {"TOKENS": 2, "KV_BLOCK": 8})]
 
 
 def _positions(T: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,9 +251,9 @@ def _local_bytes_of_binaries(fn) -> list[int]:
 @pytest.mark.parametrize("path", ["small", "large"])
 def test_moe_router_reserves_no_local_memory(path, kdir, summary):
     """Each launch of the router its own binary (STAGE pinned): none needs local memory, and launching them takes
-    none of the GPU's free memory. (With one binary and a runtime stage, the one-warp selection's binary held
-    stage 0's GEMM compiled at one warp: 25 KB of stack a thread, which the driver reserves for every thread slot of
-    the GPU: ~7 GB.)"""
+    none of the GPU's free memory (the driver reserves a launched binary's local memory for every thread slot of the
+    GPU). With a runtime stage, the selection's binary compiled ahead of time held stage 0's GEMM at one warp, 25 KB
+    of stack a thread; the JIT's binary for stage = 1 did not (it specialises an argument equal to 1)."""
     mod = _module("moe_router", _router_constants("full", path), kdir / f"local-{path}")
     T = 70 if path == "small" else 4096
     x, W, bias = _router_inputs(mod.CONSTEXPRS, T, seed=5)
