@@ -38,6 +38,10 @@ VARIANTS = (
     ("bf16x3 T256 E64", dict(BLOCK_T=256, BLOCK_E=64)),
     # without SPLIT_K (the default since s36run7/8: K split over up to 8 programs per tile below a wave of tiles)
     ("no-split-k", dict(SPLIT_K=False)),
+    # the selection (stage 1) with BLOCK_M tokens a program (one warp; 1 by default)
+    ("select m2", dict(BLOCK_M=2)),
+    ("select m4", dict(BLOCK_M=4)),
+    ("select m8", dict(BLOCK_M=8)),
     # TF32X2 (the default s9run3 - s36: bf16 x is exact in TF32, W split by hand, two TF32 MMAs a step), 128 x 128 x
     # K 64, 8 warps, 2 deep, and its other tiles
     ("tf32x2", dict(BF16X3=False)),

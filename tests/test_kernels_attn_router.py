@@ -364,6 +364,8 @@ ROUTER_TF32X2_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128"
 ROUTER_BF16X3_CASES = [("tiny", "large", 1), ("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70)]
 # SPLIT_K (large path): K split over programs below a wave of tiles, the partials summed by the selection
 ROUTER_SPLIT_K_CASES = [("tiny", "large", 70), ("odd", "large", 70), ("odd-bk128", "large", 70), ("tiny", "large", 1)]
+# BLOCK_M tokens a selection program (the last program's rows masked: 37 tokens), split partials summed too
+ROUTER_BLOCK_M_CASES = [("tiny", "large", 37, 2, False), ("odd", "large", 37, 4, False), ("odd", "large", 70, 2, True)]
 # SELECT_SORT (the selection by bitonic top-k): bitwise equal to the iterative render, exact ties included
 ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "large", 70), ("odd", "small", 5),
                      ("odd", "large", 70)]
@@ -371,7 +373,7 @@ ROUTER_SORT_CASES = [("tiny", "small", 1), ("tiny", "small", 37), ("tiny", "larg
 
 def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: bool = False,
                  tf32x2: bool = False, select_sort: bool = False, ties: bool = False, w_split: bool = False,
-                 bf16x3: bool = False, split_k: bool = False) -> dict:
+                 bf16x3: bool = False, split_k: bool = False, block_m: int = 1) -> dict:
     # (TF32X2 and BF16X3 are 16-bit-x renders; the interpreter's dot is fp32 either way)
     dtype = "bf16" if tf32x2 or bf16x3 else "f32"
     c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
@@ -390,6 +392,9 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
     if w_split:
         c["W_SPLIT"] = True
     plain = dict(c, SELECT_SORT=False)  # the iterative render (select_sort: compared bit for bit)
+    one_row = dict(c)  # (block_m: the render selecting one token a program, compared bit for bit)
+    if block_m > 1:
+        c["BLOCK_M"] = block_m
     if select_sort:
         c["SELECT_SORT"] = True  # (the default; explicit here)
     mod = load_interpreted("moe_router", c, kdir)
@@ -427,8 +432,8 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
         assert torch.equal(mod.logits(scratch, T).view(torch.int32), tile_mod.logits(s0, T).view(torch.int32))
         assert torch.equal(ids, i0) and torch.equal(weights.view(torch.int32), w0.view(torch.int32))
 
-    if select_sort:  # the other render on the same inputs: the same ids and weights, bit for bit
-        ref_mod = load_interpreted("moe_router", plain, kdir)
+    if select_sort or block_m > 1:  # the other render on the same inputs: the same ids and weights, bit for bit
+        ref_mod = load_interpreted("moe_router", plain if select_sort else one_row, kdir)
         w0, i0 = torch.full_like(weights, float("nan")), torch.full_like(ids, -1)
         ref_mod.launch(x, W, bias, w0, i0, torch.full((n + 64,), float("nan")))
         assert torch.equal(ids, i0), (ids, i0)
@@ -487,6 +492,13 @@ def test_moe_router_split_k_interpreted(spec_name, path, T, bf16x3, interpreted)
     token's partials; fp32 x, and bf16 x with BF16X3 and PDL): the logits within 1e-6 of the exact product, the
     selection equal to the reference's away from near-ties."""
     _check(interpreted, f"router[{spec_name}-{path}-{T}+splitk{'+bf16x3' if bf16x3 else ''}]")
+
+
+@pytest.mark.parametrize("spec_name,path,T,block_m,split_k", ROUTER_BLOCK_M_CASES)
+def test_moe_router_block_m_interpreted(spec_name, path, T, block_m, split_k, interpreted):
+    """BLOCK_M tokens a selection program: the same ids and weights as one token a program, bit for bit, and the
+    reference's selection."""
+    _check(interpreted, f"router[{spec_name}-{path}-{T}+m{block_m}{'+splitk' if split_k else ''}]")
 
 
 @pytest.mark.parametrize("spec_name,path,T", ROUTER_SORT_CASES)
@@ -654,6 +666,9 @@ def _interpreter_cases(tiny):
                 for a, b, t in ROUTER_SPLIT_K_CASES)
     yield from ((f"router[{a}-{b}-{t}+splitk+bf16x3]", lambda *x: check_router(*x, split_k=True, bf16x3=True, pdl=True),
                  (a, b, t)) for a, b, t in ROUTER_SPLIT_K_CASES)
+    yield from ((f"router[{a}-{b}-{t}+m{m}{'+splitk' if sk else ''}]",
+                 lambda *x, m=m, sk=sk: check_router(*x, block_m=m, split_k=sk), (a, b, t))
+                for a, b, t, m, sk in ROUTER_BLOCK_M_CASES)
     for ties in (False, True):
         yield from ((f"router[{a}-{b}-{t}+sort{'+ties' if ties else ''}]",
                      lambda *x, ties=ties: check_router(*x, select_sort=True, ties=ties), (a, b, t))

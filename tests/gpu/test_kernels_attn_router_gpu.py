@@ -394,6 +394,29 @@ def test_moe_router_select_sort_bitwise(spec_name, T, ties, kdir, summary):
     assert same and same_graph, rec
 
 
+@pytest.mark.parametrize("spec_name,T,block_m", [(s, T, m) for s, T in (("full", 70), ("full", 16384), ("odd", 1000))
+                                                   for m in (2, 4)] + [("full", 4096, 2)])
+def test_moe_router_block_m_bitwise(spec_name, T, block_m, kdir, summary):
+    """BLOCK_M tokens a selection program (the large path) against one: the same ids and weights bit for bit, eagerly
+    and from a CUDA graph, with exact ties in one case (T = 4096: experts and groups copied)."""
+    c = _router_constants(spec_name, "large")
+    base = _module("moe_router", c, kdir)
+    other = _module("moe_router", dict(c, BLOCK_M=block_m), kdir)
+    assert base.BLOCK_M == 1 and other.BLOCK_M == block_m
+    x, W, bias = _router_inputs(c, T, seed=T + block_m)
+    if T == 4096:
+        gsz = c["E"] // c["N_GROUP"]
+        W[1:3], bias[1:3] = W[0].clone(), bias[0].clone()
+        W[gsz:2 * gsz], bias[gsz:2 * gsz] = W[:gsz].clone(), bias[:gsz].clone()
+    same_logits, same, same_graph, t0, t1, rows_differ = _renders_agree(base, other, x, W, bias)
+    rec = dict(case=f"block-m{block_m}-{spec_name}-T{T}", bitwise=same, graph_bitwise=same_graph, us_m1=t0, us=t1,
+               rows_differ=rows_differ)
+    summary["moe_router"].append(rec)
+    print(f"router BLOCK_M {block_m} {spec_name} T{T}: bitwise {same} (graph {same_graph}), "
+          f"{t0 and round(t0, 2)} -> {t1 and round(t1, 2)} us")
+    assert same_logits and same and same_graph, rec
+
+
 @pytest.mark.parametrize("spec_name,T", [("full", 70), ("full", 4096), ("full", 16384), ("odd", 70), ("odd", 1000)])
 def test_moe_router_w_split(spec_name, T, kdir, summary):
     """W_SPLIT (the large path's TF32X2 with W's TF32 head and rest split once per launch into the scratch, by a first
