@@ -74,7 +74,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40-lite, s40b, s40c, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -270,19 +270,11 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     step router-local 90 python3 bench/router_local_memory.py --out "$OUT/local" \
       $( [ -f bench/old/moe_router_s39.py.j2 ] && echo --old bench/old/moe_router_s39.py.j2 )
     tests t-qk 150 tests/gpu/test_kernels_attn_router_gpu.py -k "qk_norm_pos_kv"
+    # (run then, `{}` was the one-token render; the emitter's is 2 tokens since: s40b pins TOKENS)
     step qk-bench 120 python3 bench/qk_norm_prefill.py --out "$OUT/qk" \
       --tiles '[{}, {"TOKENS": 2}, {"TOKENS": 4}, {"NUM_WARPS": 8}, {"TOKENS": 4, "NUM_WARPS": 8}, {"NUM_WARPS": 2}, {}]'
     step variants-s40 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s40-qk \
       --variant t4=qk_norm_pos_kv.TOKENS=4
-    ;;
-  s40-lite)  # (~5 minutes) s40 without the prefill step: the router's checks, qk_norm_pos_kv's GPU cases and timings
-    tests t-router 120 tests/gpu/test_kernels_attn_router_gpu.py -k "reserves_no_local or bf16x3 or pdl_chain or split_k"
-    # (the template before STAGE, when present: `git show 4b19e63:beamc/codegen/templates/moe_router.py.j2`)
-    step router-local 90 python3 bench/router_local_memory.py --out "$OUT/local" \
-      $( [ -f bench/old/moe_router_s39.py.j2 ] && echo --old bench/old/moe_router_s39.py.j2 )
-    tests t-qk 150 tests/gpu/test_kernels_attn_router_gpu.py -k "qk_norm_pos_kv"
-    step qk-bench 120 python3 bench/qk_norm_prefill.py --out "$OUT/qk" \
-      --tiles '[{}, {"TOKENS": 2}, {"TOKENS": 4}, {"NUM_WARPS": 8}, {"TOKENS": 4, "NUM_WARPS": 8}, {"NUM_WARPS": 2}, {}]'
     ;;
   s40b)  # (~4 minutes) the emitter's prefill render of qk_norm_pos_kv (TOKENS 2, s40run1's fastest): its GPU cases,
     # its timings against 1 token and with k's tile as q's (KV_BLOCK 8: the one-token render's bits), the step
@@ -294,9 +286,12 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     ;;
   s40c)  # (~4 minutes) the router's selection with BLOCK_M tokens a program (one warp; 1 by default): GPU cases bitwise
     # against 1, the prefill router's timings; and s39h's 12th mirror case (not reached there)
-    tests t-router-m 120 tests/gpu/test_kernels_attn_router_gpu.py -k "block_m_bitwise"
-    tests t-mirror12 100 tests/gpu/test_kernels_attention_prefill_gpu.py -k "tile_order and sliding"
-    step router-m 120 python3 bench/router_prefill.py --out "$OUT/router" --only "select m2,select m4,select m8"
+    step router-m 100 python3 bench/router_prefill.py --out "$OUT/router" --only "select m2,select m4,select m8"
+    tests t-router-m 100 tests/gpu/test_kernels_attn_router_gpu.py -k "block_m_bitwise"
+    tests t-mirror12 90 tests/gpu/test_kernels_attention_prefill_gpu.py -k "tile_order and sliding"
+    ;;
+  s40d)  # (~2 minutes) s40c's timings alone: the prefill router with the selection's BLOCK_M 2 / 4 / 8 beside the default
+    step router-m 100 python3 bench/router_prefill.py --out "$OUT/router" --only "select m2,select m4,select m8"
     ;;
   s39h)  # (~4 minutes) each MIRROR pass leaves the other pass's rows out before loading q (the pass over the
     # unmirrored slots, 28-33 us when every slot is mirrored): the mirror cases bitwise, the full and sliding spans
@@ -400,7 +395,7 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     step variants-prefill 360 python3 bench/variants.py --out "$OUT/r" --prefill --tag=-s31 --variant nowg=compile.moe_wgmma=false --variant nowga=attention_prefill.WGMMA=false
     ;;
   *)
-    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40-lite, s40b, s40c, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
+    echo "unknown call $1: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs" >&2
     exit 2
     ;;
 esac

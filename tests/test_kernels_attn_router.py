@@ -597,16 +597,18 @@ def _compile(args) -> dict:
 def test_aot_compile_every_variant(tmp_path):
     """All variants at the full spec's TP-8 shapes and the tiny spec's (and the tiny spec's without PDL), for sm_90a
     and sm_100a (2 processes). The options contract: the launcher's OPTIONS, compiled with by aot_compile. PDL:
-    griddepcontrol.launch_dependents first, then the wait(s) (one per stage for the router), no global store before
-    a wait, and the parameters loaded before it (norm weights / W / bias); none of it without PDL."""
+    griddepcontrol.launch_dependents first, then one wait (the router: each stage a binary of its own), no global
+    store before it, and the parameters loaded before it where a binary reads any (norm weights / W / the bias); none
+    of it without PDL. No binary spills (local memory a thread <= SMALL_LOCAL)."""
     from test_kernels_gemv import SMALL_LOCAL
 
     jobs = [(label, t, c, arch, str(tmp_path / f"sm{arch}")) for label, t, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
     for r in results:
-        # no spills: local memory is reserved for every thread slot of the GPU (the router's selection, when it shared
-        # stage 0's binary, compiled the GEMM at one warp: 25 KB a thread; libdevice's pow takes a 32-byte frame)
+        # no spills: a launched binary's local memory is reserved for every thread slot of the GPU (the router's
+        # selection, compiled ahead of time with a runtime stage, held stage 0's GEMM at one warp: 25 KB a thread;
+        # libdevice's pow takes a 32-byte frame)
         assert r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT and (r["local"] or 0) <= SMALL_LOCAL, r
         # the router: each launch its own binary (STAGE pinned), the selection's (stage 1) without stage 0's GEMM and
         # stage 0's without the selection (its sigmoid's division); the one-launch path: both in one
