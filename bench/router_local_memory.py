@@ -30,6 +30,7 @@ def measure(template: str | None) -> dict:
 
     from beamc.codegen import kernel as K
     from beamc.spec import load_spec
+    from conftest import loaded_local_bytes
     from test_kernels_attn_router import router_constants
 
     c = router_constants(load_spec(ROOT / "models/beam.yaml"), "large")
@@ -52,12 +53,7 @@ def measure(template: str | None) -> dict:
     mod.launch(x, W, bias, w, ids, scratch)
     torch.cuda.synchronize()
     free1 = torch.cuda.mem_get_info()[0]
-    local = []
-    for cache in mod.kernel.device_caches.values():
-        for ck in cache[0].values():
-            ck._init_handles()
-            local.append(4 * ck.n_spills)  # (Triton keeps LOCAL_SIZE_BYTES / 4)
-    return dict(free_drop_mb=(free0 - free1) / 2**20, local_bytes=local, ids=ids.sum().item())
+    return dict(free_drop_mb=(free0 - free1) / 2**20, local_bytes=loaded_local_bytes(mod.kernel), ids=ids.sum().item())
 
 
 def main() -> int:

@@ -122,6 +122,17 @@ def run_interpreted_main(module: str, out: Path, env: dict | None = None) -> dic
     return run_interpreted(["-c", code], out, env)
 
 
+def loaded_local_bytes(fn) -> list[int]:
+    """Local memory a thread of each binary a Triton kernel has loaded on the GPU (the driver's LOCAL_SIZE_BYTES,
+    which Triton keeps as n_spills = bytes / 4)."""
+    out = []
+    for cache in fn.device_caches.values():
+        for ck in cache[0].values():
+            ck._init_handles()
+            out.append(4 * ck.n_spills)
+    return out
+
+
 def write_gpu_summary(summary: dict, name: str):
     """Generator for a module fixture: stamp the versions and device into `summary`, let the tests fill it, then
     write it to $BEAMC_GPU_OUT/<name> when that is set (the device tool brings $OUT back)."""

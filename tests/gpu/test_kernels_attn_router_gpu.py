@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from beamc.codegen.kernel import KernelSpec, load_kernel
 from beamc.ir.reference import REFS, moe_select_ref
 from beamc.spec import load_spec
-from conftest import captured_graph, write_gpu_summary
+from conftest import captured_graph, loaded_local_bytes, write_gpu_summary
 from test_kernels_attn_router import (ODD_ROUTER, ODD_WINDOW, odd_qk_constants, qk_constants, qk_reference,
                                       router_constants, router_ties)
 
@@ -237,17 +237,6 @@ def test_moe_router(spec_name, T, pdl, kdir, summary):
     _router_case(spec_name, T, pdl, kdir, summary)
 
 
-def _local_bytes_of_binaries(fn) -> list[int]:
-    """Local memory a thread of each binary a Triton kernel has loaded (the driver's LOCAL_SIZE_BYTES, which
-    Triton keeps as n_spills = bytes / 4)."""
-    out = []
-    for cache in fn.device_caches.values():
-        for ck in cache[0].values():
-            ck._init_handles()
-            out.append(4 * ck.n_spills)
-    return out
-
-
 @pytest.mark.parametrize("path", ["small", "large"])
 def test_moe_router_reserves_no_local_memory(path, kdir, summary):
     """Each launch of the router its own binary (STAGE pinned): none needs local memory, and launching them takes
@@ -265,7 +254,7 @@ def test_moe_router_reserves_no_local_memory(path, kdir, summary):
     mod.launch(x, W, bias, weights, ids, scratch)
     torch.cuda.synchronize()
     drop = free0 - torch.cuda.mem_get_info()[0]
-    local = _local_bytes_of_binaries(mod.kernel)
+    local = loaded_local_bytes(mod.kernel)
     summary[f"router_local[{path}]"] = dict(free_drop_mb=drop / 2**20, local_bytes=local)
     print(f"router {path}: free memory -{drop / 2**20:.0f} MB at the first launch, local bytes a thread {local}")
     assert len(local) == len(mod.LAUNCH_OPTIONS) and max(local) == 0, local
