@@ -40,7 +40,15 @@ _LOAD8S3 = dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, 
                 WG_LOAD_WARPS=8, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96)
 _PARTS2 = dict(_LOAD8S3, WG_WDEPTH=1, WG_WDEPTH4=2, WG_LOAD_WARPS=4, WG_LOAD_PARTS=2)
 _WSTEPS4 = dict(WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4)
-VARIANTS = (
+# the emitter's forms (`emitters.MOE_WGMMA_FORMS`) as they stand, and with stage 2's ranks from comparison tiles
+# (RANK_SORT=False: the template's default before s41, when s41run1-2 ran these as "RANK_SORT" beside the default
+# then; the sort alone: bench/moe_sort.py), the form a second time after it (the drift between the two)
+from beamc.codegen.emitters import MOE_WGMMA_FORMS as _FORMS  # noqa: E402
+
+_RANKSORT = tuple((f"moe_nvfp4_prefill emitter {name}{label} (ranksort)", dict(_FORMS[name], **extra), True)
+                  for name in ("bm256", "bm128")
+                  for label, extra in (("", {}), (" RANK_SORT=0", dict(RANK_SORT=False)), (" again", {})))
+VARIANTS = _RANKSORT + (
     ("moe_nvfp4_prefill", {}, False),
     ("moe_nvfp4_prefill relaid", {}, True),
     ("moe_nvfp4_prefill swap", dict(SWAP=True), False),

@@ -163,7 +163,8 @@ def assert_template_contract(mod) -> None:
     assert opts == dict(num_warps=mod.NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
                         launch_pdl=True) and mod.PDL is True
     assert mod.OPTIONS.get("num_stages", getattr(mod, "NUM_STAGES", 3)) == getattr(mod, "NUM_STAGES", 3)
-    launch_src = inspect.getsource(mod.launch)
+    # (the launcher, and the one it calls where it launches a part of its stages: moe_nvfp4_prefill's launch_stages)
+    launch_src = "".join(inspect.getsource(f) for f in (mod.launch, getattr(mod, "launch_stages", None)) if f)
     assert "num_warps=" not in launch_src and "enable_fp_fusion" not in launch_src
     # other option sets the launcher launches with (LAUNCH_OPTIONS: the router's one-warp selection, the MoE prefill's
     # per-stage binaries) differ from OPTIONS in their warps and pinned constants (of the kernel's) only

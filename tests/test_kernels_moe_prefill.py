@@ -155,6 +155,16 @@ CASES = {
     "e7-k2-T40-block32-chunk64-sort-alone-scan-seq": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64,
                                                                                        SORT_ALONE=True,
                                                                                        SCAN_PAR=False)),
+    # RANK_SORT=False (RANK_SORT, stage 2's ranks from a sort of each chunk, is the default since s41): the ranks from
+    # comparison tiles (the same stable rows: check_sort), bad ids, duplicates, 64-pair chunks over a partial last
+    # chunk, the one-program scan, SORT_ALONE with PDL
+    "e5-k3-T7-bad-ids-rank-tiles": (5, 64, 32, 3, 7, "bad", 0, dict(RANK_SORT=False)),
+    "e7-k3-T40-dup-rank-tiles": (7, 64, 32, 3, 40, "dup", 0, dict(RANK_SORT=False)),
+    "e7-k2-T40-block32-chunk64-rank-tiles-scan-seq": (7, 64, 32, 2, 40, "dup", 0, dict(BLOCK_M=32, SORT_CHUNK=64,
+                                                                                       RANK_SORT=False,
+                                                                                       SCAN_PAR=False)),
+    "e7-k3-T40-sparse-rank-tiles-alone-pdl": (7, 64, 32, 3, 40, "sparse", 8, dict(RANK_SORT=False, SORT_ALONE=True,
+                                                                                  PDL=True)),
 }
 
 

@@ -175,15 +175,24 @@ def _qk_constants(a: dict) -> dict:
                 LENGTH=a.get("length", 1.0), POS_OFFSET=a.get("offset", 0.0), EXPONENT=a.get("exponent", 0.0))
 
 
+# the prefill router's selection (its large path, sm90): two tokens a one-warp program (the template's BLOCK_M; 63
+# registers against 49). H100 s41run1 (bench/results/router-prefill-2026-12-06-s41run1.json, 16,384 tokens, both
+# launches in a graph): 258.2 -> 255.9 us (4 tokens 255.1, 8 tokens 313.5), the ids equal; the GPU cases bitwise
+# against one token a program. Predicted -0.9 ms a step: the selection's chain was not what set its time. Pinned back
+# with `--set moe_router.BLOCK_M=1`
+ROUTER_PREFILL_TILES = dict(BLOCK_M=2)
+
+
 @emits("moe_router")
 def _moe_router(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     """Decode steps take the small-M path (the weight read split over the whole GPU), prefill the tensor-core one."""
     a = node.attrs
     x, w = node.inputs[:2]
     path = "small" if g.meta["phase"] == "decode" else "large"
+    tiles = ROUTER_PREFILL_TILES if path == "large" and ctx.target == "sm90" else {}
     return [kernel(node, "moe_router", ctx, H=last_dim(x), E=w.shape[0], N_GROUP=a["n_group"],
                    TOPK_GROUP=a["topk_group"], TOP_K=a["top_k"], RENORMALIZE=bool(a["renormalize"]), EPS=a["eps"],
-                   PATH=path)]
+                   PATH=path, **tiles)]
 
 
 # ---------------------------------------------------------------- GEMMs: the generated small-M kernel where measured

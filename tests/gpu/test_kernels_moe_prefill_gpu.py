@@ -514,3 +514,57 @@ def test_the_emitters_forms_replay_bitwise(tmp_path_factory):
                                        16384, 31, ((32, "distinct"), (33, "few")), check_ref=False)
     SUMMARY["moe_nvfp4_prefill"].append(dict(emitter_forms_replay="bitwise equal to direct launches", M=16384,
                                              forms=sorted(MOE_WGMMA_FORMS)))
+
+
+@pytest.mark.parametrize("shape,M,kind,form", [
+    ("tp8", 16384, "distinct", "bm256"), ("tp8", 2048, "distinct", "bm128"), ("tp8", 1000, "repeat", "bm256"),
+    ("tp8", 4096, "few", "bm128"), ("tp8", 65, "one", "bm256"), ("odd-wg", 1000, "bad", "bm128"),
+    ("odd-wg", 4099, "bad", "bm128")])
+def test_rank_sort_same_rows(shape, M, kind, form, tmp_path_factory):
+    """RANK_SORT (stage 2's ranks from a sort of each chunk; the default since s41) against the emitter's form with
+    RANK_SORT=False (the ranks from comparison tiles), the sort's stages
+    alone (`launch_stages((0, 1, 2), ...)`: no GEMM): the scratch's sort (prefix, starts, counts, the block map, the
+    sorted rows) bit for bit, and the y rows of bad ids (zeroed by stage 2) with the rest of y still poison; the
+    rows against a stable torch argsort (`check_sort`). Also eager against a CUDA graph replay of the same launch."""
+    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+    from test_kernels_moe_prefill import check_sort
+
+    base = _module(shape, tmp_path_factory, **MOE_WGMMA_FORMS[form], RANK_SORT=False)
+    mod = _module(shape, tmp_path_factory, **MOE_WGMMA_FORMS[form])
+    assert mod.RANK_SORT and not base.RANK_SORT
+    relaid = _relaid(shape, tmp_path_factory)
+    g = torch.Generator().manual_seed(M + 7 * len(kind))
+    x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
+    if kind == "bad":  # ids outside [0, E) among repeats: no row, their y rows zeros
+        idx = _routing("repeat", M, mod.E, mod.TOP_K, g)
+        bad = torch.rand(idx.shape, generator=g).cuda() < 0.05
+        idx = torch.where(bad, torch.where(torch.rand(idx.shape, generator=g).cuda() < 0.5, -1, mod.E), idx)
+    else:
+        idx = _routing(kind, M, mod.E, mod.TOP_K, g)
+    outs = []
+    for m, graph in ((base, False), (mod, False), (mod, True)):
+        y = torch.full((M, mod.TOP_K, mod.H), float("nan"), dtype=torch.bfloat16, device="cuda")
+        n = m.scratch_numel(M)
+        scratch = torch.full((n + 64,), float("nan"), dtype=torch.bfloat16, device="cuda")
+        run = lambda: m.launch_stages((0, 1, 2), x, idx, *relaid, y, scratch)  # noqa: E731
+        if graph:  # (captured after a warm-up launch, then everything poisoned again before the replay)
+            replay = captured_graph(run)
+            scratch.fill_(float("nan"))
+            y.fill_(float("nan"))
+            replay.replay()
+        else:
+            run()
+        torch.cuda.synchronize()
+        assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(M)"
+        views = {k: v.clone() for k, v in m.scratch_views(scratch, M).items() if k not in ("h", "wq")}
+        outs.append((y.view(torch.int16).clone(), views))
+    check_sort(mod, {k: v.cpu() for k, v in outs[1][1].items()}, idx.cpu())
+    ok = (idx >= 0) & (idx < mod.E)
+    for y16, views in outs[1:]:
+        assert all(torch.equal(views[k], outs[0][1][k]) for k in views), [k for k in views
+                                                                         if not torch.equal(views[k], outs[0][1][k])]
+        assert torch.equal(y16, outs[0][0]), "the bad ids' y rows"
+    y = outs[1][0].view(torch.bfloat16)
+    assert (y[~ok] == 0).all() and torch.isnan(y[ok]).all(), "bad rows zeroed, the others untouched"
+    SUMMARY["moe_nvfp4_prefill"].append(dict(rank_sort_same_rows=True, shape=shape, M=M, routing=kind, form=form,
+                                             bad_pairs=int((~ok).sum())))
