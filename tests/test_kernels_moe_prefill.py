@@ -528,6 +528,10 @@ def test_rendered_module_contract(kdir):
     assert inspect.signature(mod.launch).parameters["scratch"].default is None
     assert_template_contract(mod)
     assert mod.NATIVE_FP4 is False and mod.MIN_T == 65
+    # launch_stages (the sort alone, for benches and tests) names a stage the render does not launch in one error
+    x, idx = torch.zeros(1, mod.H), torch.zeros(1, mod.TOP_K, dtype=torch.long)
+    with pytest.raises(AssertionError, match="are not a part of this render"):
+        mod.launch_stages((0, 7), x, idx, *([None] * 6), torch.zeros(1, mod.TOP_K, mod.H))
     # the relayout it reads is moe_nvfp4_decode's (chunks, bit positions); the launch's pointer types with it
     for c in (_tiny(), _full()):
         p, d = (load_kernel(KernelSpec(t, "moe_experts", c), kdir) for t in (TEMPLATE, "moe_nvfp4_decode"))
