@@ -45,14 +45,19 @@ _WSTEPS4 = dict(WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4)
 # then; the sort alone: bench/moe_sort.py), the form a second time after it (the drift between the two)
 from beamc.codegen.emitters import MOE_WGMMA_FORMS as _FORMS  # noqa: E402
 
-_RANKSORT = tuple((f"moe_nvfp4_prefill emitter {name}{label} (ranksort)", dict(_FORMS[name], **extra), True)
-                  for name in ("bm256", "bm128")
-                  for label, extra in (("", {}), (" RANK_SORT=0", dict(RANK_SORT=False)), (" again", {})))
+
+def _form_variants(tag: str, names: tuple, extras: tuple) -> tuple:
+    """The emitter's forms `names`, each with every (label, constants) of `extras`, re-laid-out weights."""
+    return tuple((f"moe_nvfp4_prefill emitter {name}{label} ({tag})", dict(_FORMS[name], **extra), True)
+                 for name in names for label, extra in extras)
+
+
+_RANKSORT = _form_variants("ranksort", ("bm256", "bm128"),
+                           (("", {}), (" RANK_SORT=0", dict(RANK_SORT=False)), (" again", {})))
 # the 128-row form (2,048 .. 8,191 tokens) with the sort in a binary of its own (SORT_ALONE; the 256-row form has it):
 # s37 measured no gain with the comparison-tile ranks; the sort alone now 10.9 -> 8.1 us at 2,048 tokens (s41run1)
-_SORT128 = tuple((f"moe_nvfp4_prefill emitter bm128{label} (sort128)", dict(_FORMS["bm128"], **extra), True)
-                 for label, extra in (("", {}), (" SORT_ALONE", dict(SORT_ALONE=True)), (" again", {}),
-                                      (" SORT_ALONE again", dict(SORT_ALONE=True))))
+_SORT128 = _form_variants("sort128", ("bm128",), (("", {}), (" SORT_ALONE", dict(SORT_ALONE=True)), (" again", {}),
+                                                   (" SORT_ALONE again", dict(SORT_ALONE=True))))
 VARIANTS = _RANKSORT + _SORT128 + (
     ("moe_nvfp4_prefill", {}, False),
     ("moe_nvfp4_prefill relaid", {}, True),
