@@ -58,7 +58,14 @@ _RANKSORT = _form_variants("ranksort", ("bm256", "bm128"),
 # s37 measured no gain with the comparison-tile ranks; the sort alone now 10.9 -> 8.1 us at 2,048 tokens (s41run1)
 _SORT128 = _form_variants("sort128", ("bm128",), (("", {}), (" SORT_ALONE", dict(SORT_ALONE=True)), (" again", {}),
                                                    (" SORT_ALONE again", dict(SORT_ALONE=True))))
-VARIANTS = _RANKSORT + _SORT128 + (
+# the 256-row form with parts of stages 3 / 4 left out (WG_DIAG, WRONG outputs: timing only, no checks): what bounds
+# each stage. 1 the load partition's decode, 2 the words' copies, 4 the A rows' copies, 8 the wgmma, 16 the output
+# stores (in stage 3 the compiler then drops the MMA partition's work: read stage 4 only); 7 no load-side work, 24
+# the load side alone, 23 the MMAs and barriers alone
+_DIAG = _form_variants("diag", ("bm256",), tuple((f" diag={d}" if d else "", dict(WG_DIAG=d) if d else {})
+                                                 for d in (0, 1, 2, 3, 4, 7, 8, 16, 23, 24))
+                        + (("", {}), (" again", {})))
+VARIANTS = _RANKSORT + _SORT128 + _DIAG + (
     ("moe_nvfp4_prefill", {}, False),
     ("moe_nvfp4_prefill relaid", {}, True),
     ("moe_nvfp4_prefill swap", dict(SWAP=True), False),
@@ -365,7 +372,8 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
             scratch = torch.empty(mod.scratch_numel(tokens), dtype=torch.bfloat16, device=device)
             p = relaid_params if relaid else params
             t = graph_time(lambda: mod.launch(x, idx, *p, y, scratch), 3)
-            assert torch.isfinite(y).all(), f"{label}: unwritten outputs"
+            diag = extra.get("WG_DIAG", 0)  # (parts left out: wrong outputs, timing only)
+            assert diag or torch.isfinite(y).all(), f"{label}: unwritten outputs"
             rec.update(us=t * 1e6, tb_s=nbytes / t / 1e12, tflops=flops / t / 1e12, rel_err_vs_baseline=_rel(y, y_base),
                        tiles=dict(BLOCK_M=mod.BLOCK_M, BLOCK_N=mod.BLOCK_N, BLOCK_K=mod.BLOCK_K,
                                   BLOCK_N2=mod.BLOCK_N2, BLOCK_K2=mod.BLOCK_K2, NUM_WARPS=mod.NUM_WARPS,
@@ -377,8 +385,8 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
                                                                     "WG_STORE_BUFS", "WG_WDEPTH", "WG_HRES",
                                                                     "WG_ACOPY", "WG_WSTEPS", "WG_V16")}
                                      if mod.WGMMA else {})),
-                       blocks=int(mod.sizes(tokens)["NB"]))
-            assert rec["rel_err_vs_baseline"] < 1e-2, rec
+                       blocks=int(mod.sizes(tokens)["NB"]), **({"diag": diag} if diag else {}))
+            assert diag or rec["rel_err_vs_baseline"] < 1e-2, rec
             rec["stage_us"] = _stage_us(mod, x, idx, p, y, scratch)
             rec["stage_tflops"] = {3: 2 * P * 2 * I * H / rec["stage_us"][3] / 1e6,
                                    4: 2 * P * H * I / rec["stage_us"][4] / 1e6}
