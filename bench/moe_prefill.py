@@ -65,7 +65,10 @@ _SORT128 = _form_variants("sort128", ("bm128",), (("", {}), (" SORT_ALONE", dict
 _DIAG = _form_variants("diag", ("bm256",), tuple((f" diag={d}" if d else "", dict(WG_DIAG=d) if d else {})
                                                  for d in (0, 1, 2, 3, 4, 7, 8, 16, 23, 24))
                         + (("", {}), (" again", {})))
-VARIANTS = _RANKSORT + _SORT128 + _DIAG + (
+# the 256-row form with stage 4's words by TMA boxes and its scale words by loads a tile ahead (WG_WTMA4)
+_WTMA4 = _form_variants("wtma4", ("bm256",), (("", {}), (" WG_WTMA4", dict(WG_WTMA4=True)), (" again", {}),
+                                              (" WG_WTMA4 again", dict(WG_WTMA4=True))))
+VARIANTS = _RANKSORT + _SORT128 + _DIAG + _WTMA4 + (
     ("moe_nvfp4_prefill", {}, False),
     ("moe_nvfp4_prefill relaid", {}, True),
     ("moe_nvfp4_prefill swap", dict(SWAP=True), False),

@@ -149,6 +149,12 @@ FORMS.update(SORT_FORMS)
 # ... the emitter's 256-row form with each store chunk's pair indices loaded a K step ahead (WG_DPAIRS)
 FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-dpairs"] = dict(
     FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], WG_DPAIRS=True)
+# ... and with stage 4's words by TMA boxes, its scale words by loads a tile ahead (WG_WTMA4); without stage 3's
+# WG_WTMA too (the odd GPU shape's RK0 64)
+FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4"] = dict(
+    FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], WG_WTMA4=True)
+FORMS["bm256-wsteps2-v16-half-load4-acopy-atma4-dstore-wtma4"] = dict(
+    FORMS["bm256-wsteps2-v16-half-load4-acopy-atma4-dstore"], WG_WTMA4=True)
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -189,7 +195,7 @@ def _compile(args) -> list[dict]:
             load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4,
             acopy=mod.WG_ACOPY if stage == 3 else mod.WG_ACOPY4,
             acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage], atma=mod.WG_ATMA and stage == 4,
-            wtma=mod.WG_WTMA and stage == 3, ksteps=(mod.H if stage == 3 else mod.I) // 64,
+            wtma=mod.WG_WTMA and stage == 3, wtma4=mod.WG_WTMA4 and stage == 4, ksteps=(mod.H if stage == 3 else mod.I) // 64,
             tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I, fences=ptx.count("fence.proxy.async"),
             nofence=mod.WG_NOFENCE4 and stage == 4, dstore=mod.WG_DSTORE and stage == 4,
@@ -254,7 +260,11 @@ def test_wgmma_renders_compile_for_sm90a():
         per_row = 4 * r["rows"] // (32 * lw)
         a_unroll = 1 if r["acopy"] else w  # (WG_ACOPY: the A partition's loop, step by step)
         a16 = r["block_m"] * 4 // (16 * (4 if r["acopy"] else lw)) * a_unroll  # (WG_ACOPY: its 4 warps copy them)
-        if r["atma"]:  # (WG_ATMA: stage 4's A rows by one TMA copy a step, its bytes expected on the stage's barrier)
+        if r["wtma4"]:  # (WG_WTMA4: stage 4's load loop unrolled over a tile's K steps, each with its A box and the
+            # words' box WG_WDEPTH steps ahead; the prologue's WG_WDEPTH boxes; no cp.async, no wait_group)
+            a16, a_unroll, slots, per_row = 0, 0, 0, 0
+            assert r["tma"] == r["expect_tx"] == 2 * r["ksteps"] + r["wdepth"], r
+        elif r["atma"]:  # (WG_ATMA: stage 4's A rows by one TMA copy a step, its bytes expected on the stage's barrier)
             a16, a_unroll = 0, 0
             assert r["tma"] == r["expect_tx"] == 1, r
         if r["wtma"]:  # (WG_WTMA: a run's words by one TMA box, with the scale bytes' box at each 256 values of K: in
@@ -264,14 +274,15 @@ def test_wgmma_renders_compile_for_sm90a():
             assert r["tma"] == sum(1 + (s * w * 64 % 256 == 0) for s in first) + 2, r
             slots = per_row = 0
         else:
-            assert r["atma"] or r["tma"] == r["expect_tx"] == 0, r
+            assert r["atma"] or r["wtma4"] or r["tma"] == r["expect_tx"] == 0, r
         v16 = r["wv16"] and r["rk"] == 64 and w == 1
         assert r["cp_async16"] == parts * (a16 + (slots * per_row * w // 2 if w > 1 or v16 else 0)), r
         assert r["cp_async8"] == parts * (slots * per_row if w == 1 and not v16 else 0), r
         assert r["cp_async_arrive"] == parts * a_unroll, r
         assert r["cp_async4"] == parts * slots * per_row // 2 * max(w // 2, 1), r
-        assert r["wait_group"] == ([] if r["wtma"] else [str(r["wdepth"])] * parts), r
-        assert r["decode_muls"] == parts * 4 * 8 * r["rows"] // (32 * lw) * r["wsteps"], r  # (each step unrolled)
+        assert r["wait_group"] == ([] if r["wtma"] or r["wtma4"] else [str(r["wdepth"])] * parts), r
+        unrolled = r["ksteps"] if r["wtma4"] else r["wsteps"]  # (each step unrolled: a slot's, WG_WTMA4 a tile's)
+        assert r["decode_muls"] == parts * 4 * 8 * r["rows"] // (32 * lw) * unrolled, r
         assert ("inc", str(r["load_regs"])) in r["setmaxnreg"] and r["st_v4"] > 0, r
         assert not r["acopy"] or ("inc", str(r["acopy_regs"])) in r["setmaxnreg"], r  # (the A partition's registers)
         assert ("dec", str(r["mma_regs"])) in r["setmaxnreg"], r  # (the MMA partition's, as the template computes)
