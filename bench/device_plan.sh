@@ -317,10 +317,10 @@ print(json.dumps(dict(MIRROR=True, **ATTENTION_WGMMA_TILES)))'), {\"F16_DOT\": t
     # 16,384 tokens, stage times each
     step moe-diag 420 python3 bench/moe_prefill.py --out "$OUT/moe" --tokens 16384 --only diag
     ;;
-  s42b)  # (~6 minutes) WG_WTMA4 (stage 4's words by TMA boxes): GPU cases (bitwise against the form without it), then
-    # the layer's timings beside the form without it, and s42a's diagnostics
-    tests t-wtma4 240 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma4"
-    step moe-wtma4 300 python3 bench/moe_prefill.py --out "$OUT/moe" --tokens 16384 --only "wtma4,diag"
+  s42b)  # (~6 minutes) WG_WTMA4 (stage 4's words by TMA boxes): the layer's timings beside the form without it and
+    # s42a's diagnostics, then GPU cases (bitwise against the form without it)
+    step moe-wtma4 330 python3 bench/moe_prefill.py --out "$OUT/moe" --tokens 16384 --only "wtma4,diag"
+    tests t-wtma4 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "wtma4"
     ;;
   s41e)  # (~3 minutes) the 128-row MoE form with SORT_ALONE (now that the sort is cheap): 2,048 / 4,096 tokens
     step moe-sort128 200 python3 bench/moe_prefill.py --out "$OUT/moe" --tokens 2048,4096 --only sort128
