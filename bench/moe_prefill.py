@@ -68,7 +68,12 @@ _DIAG = _form_variants("diag", ("bm256",), tuple((f" diag={d}" if d else "", dic
 # the 256-row form with stage 4's words by TMA boxes and its scale words by loads a tile ahead (WG_WTMA4)
 _WTMA4 = _form_variants("wtma4", ("bm256",), (("", {}), (" WG_WTMA4", dict(WG_WTMA4=True)), (" again", {}),
                                               (" WG_WTMA4 again", dict(WG_WTMA4=True))))
-VARIANTS = _RANKSORT + _SORT128 + _DIAG + _WTMA4 + (
+# ... and y's stores evict-first (WG_YSTREAM), alone and with WG_WTMA4
+_YSTREAM = _form_variants("ystream", ("bm256",), tuple(
+    (label, extra) for _ in range(2) for label, extra in (
+        ("", {}), (" WG_WTMA4", dict(WG_WTMA4=True)), (" WG_YSTREAM", dict(WG_YSTREAM=True)),
+        (" WG_WTMA4 WG_YSTREAM", dict(WG_WTMA4=True, WG_YSTREAM=True)))))
+VARIANTS = _RANKSORT + _SORT128 + _DIAG + _WTMA4 + _YSTREAM + (
     ("moe_nvfp4_prefill", {}, False),
     ("moe_nvfp4_prefill relaid", {}, True),
     ("moe_nvfp4_prefill swap", dict(SWAP=True), False),

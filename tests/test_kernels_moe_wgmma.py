@@ -155,6 +155,9 @@ FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4"] = dict(
     FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], WG_WTMA4=True)
 FORMS["bm256-wsteps2-v16-half-load4-acopy-atma4-dstore-wtma4"] = dict(
     FORMS["bm256-wsteps2-v16-half-load4-acopy-atma4-dstore"], WG_WTMA4=True)
+# ... and with y's stores evict-first (WG_YSTREAM)
+FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4-ystream"] = dict(
+    FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4"], WG_YSTREAM=True)
 
 
 def _constants(shape: str, **extra) -> dict:

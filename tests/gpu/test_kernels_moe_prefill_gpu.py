@@ -426,7 +426,9 @@ def test_f32_dequant_down_at_the_tiny_specs_shapes(M, tmp_path_factory):
     ("tp8", 1000, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4"),
     ("tp8", 1000, "repeat", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4"),
     ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4"),
-    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load4-acopy-atma4-dstore-wtma4")])
+    ("odd-wg", 1000, "few", "bm256-wsteps2-v16-half-load4-acopy-atma4-dstore-wtma4"),
+    # WG_YSTREAM: y's stores evict-first (bitwise against the same form without it)
+    ("tp8", 16384, "distinct", "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4-ystream")])
 def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     """WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel, weights decoded by its load partition) on the
     re-laid-out experts: y poisoned first, the scratch's canaries intact, the sort's counts right; the fp32 reference
@@ -478,7 +480,9 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
         # the chunks' pair indices loaded a K step ahead store the same rows at the same places
         ("bitwise_equal_without_dpairs", mod.WG_DPAIRS, {k: v for k, v in f.items() if k != "WG_DPAIRS"}),
         # stage 4's words by TMA boxes and its scale words by loads give the tiles the cp.async copies give
-        ("bitwise_equal_without_wtma4", mod.WG_WTMA4, {k: v for k, v in f.items() if k != "WG_WTMA4"}))
+        ("bitwise_equal_without_wtma4", mod.WG_WTMA4, {k: v for k, v in f.items() if k != "WG_WTMA4"}),
+        # y's stores evict-first store the same values at the same places
+        ("bitwise_equal_without_ystream", mod.WG_YSTREAM, {k: v for k, v in f.items() if k != "WG_YSTREAM"}))
     for key, applies, twin in twins:
         if applies:
             line[key] = bool(torch.equal(y, _run(_module(shape, tmp_path_factory, WGMMA=True, **twin), relaid, x, idx)))
@@ -495,6 +499,7 @@ def test_wgmma_render(shape, M, kind, form, tmp_path_factory):
     assert line.get("bitwise_equal_without_sort_alone", True), line
     assert line.get("bitwise_equal_without_dpairs", True), line
     assert line.get("bitwise_equal_without_wtma4", True), line
+    assert line.get("bitwise_equal_without_ystream", True), line
 
 
 def test_wgmma_cuda_graph_replay(tmp_path_factory):
