@@ -367,6 +367,41 @@ def test_wgmma_render_matches_reference(kind, case, short, gate, tiles, kdir):
     assert nan == 0 and err < 1e-2, line
 
 
+@pytest.mark.parametrize("kind,case,short,gate", [
+    ("full", "ragged-shuffled", False, True),  # tiles straddling sequences, the output gate
+    ("full", "long-100k+decode", True, False),  # the other slots' rows from the pool
+    ("full", "long-100k", False, False),
+    ("sliding", "ragged-shuffled", False, False)])
+def test_pingpong_gives_the_same_bits(kind, case, short, gate, kdir):
+    """WG_PINGPONG (the two MMA partitions issue each key block's MMAs in turn): the same bits as WG_SPLIT without
+    it (the same MMAs and softmax in each partition), eager and under graph replay, nothing left unwritten."""
+    pages = SHORT_PAGES[kind] if short else None
+    c = dict(_constants(kind, "f8e4m3"), GATE=gate, MIRROR=True, WGMMA=True, WG_SPLIT=True, TILE_ORDER=True,
+             **({"MIRROR_PAGES": pages} if pages else {}))
+    op = "attention_gate" if gate else "attention"
+    split = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
+    pp = load_kernel(KernelSpec("attention_prefill", op, dict(c, WG_PINGPONG=True)), kdir)
+    assert pp.WG_PINGPONG and not split.WG_PINGPONG
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=17, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
+    if gate:
+        ins = [*ins, *_gate_inputs(ins[0], 7, pad=2)]
+    want = _run_poisoned(split, ins)[0]
+    out, scratch = _run_poisoned(pp, ins)
+    got = out.clone()
+    out.fill_(float("nan"))  # ... and under graph replay
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pp.launch(*ins, out, scratch)
+    graph.replay()
+    torch.cuda.synchronize()
+    line = dict(kind=kind, case=case, gate=gate, tokens=ins[0].shape[0], nan=int(got.isnan().sum()),
+                bitwise=bool(torch.equal(got, want)), bitwise_graph=bool(torch.equal(out, want)))
+    SUMMARY.setdefault("pingpong", []).append(line)
+    print(f"attention_prefill WG_PINGPONG {case}: {line}")
+    assert line["nan"] == 0 and line["bitwise"] and line["bitwise_graph"], line
+
+
 @pytest.mark.parametrize("kind,case,short,tiles", [
     ("full", "ragged-shuffled", False, dict(WGMMA=True, WG_SPLIT=True)),  # tiles straddling sequences
     ("full", "long-100k+decode", True, dict(WGMMA=True, WG_SPLIT=True)),  # the other slots' rows from the pool
