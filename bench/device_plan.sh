@@ -36,6 +36,7 @@
 #   bash bench/device_plan.sh s42a           # what bounds the 256-row MoE form's stages: WG_DIAG variants' stage times
 #   bash bench/device_plan.sh s42b           # WG_WTMA4 (stage 4's words by TMA): GPU cases, timings, and s42a's
 #   bash bench/device_plan.sh s42d           # WG_PINGPONG (the full layer's partitions' MMAs in turn): timings, cases
+#   bash bench/device_plan.sh s42e           # ... cut to ~4 minutes: one timing each, one GPU case
 #   bash bench/device_plan.sh s42c           # WG_WTMA4's GPU cases, WG_YSTREAM (y's stores evict-first): cases, timings
 #   bash bench/device_plan.sh s40            # qk_norm_pos_kv's TOKENS / NUM_WARPS: GPU cases, prefill timings, the step
 #   bash bench/device_plan.sh s38f           # the copy stage by mirror page: GPU cases, the runtime, kernels at 9 / 257 rows
@@ -83,7 +84,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -338,6 +339,14 @@ from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
 a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
 print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))')"
     tests t-pingpong 240 tests/gpu/test_kernels_attention_prefill_gpu.py -k "pingpong"
+    ;;
+  s42e)  # (~4 minutes: s42d cut to the device time left) WG_PINGPONG once beside the emitter's form, one GPU case
+    step attn-pingpong 130 python3 bench/attention_prefill.py --out "$OUT/attn" \
+      --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
+from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
+a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
+print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
+    tests t-pingpong 90 tests/gpu/test_kernels_attention_prefill_gpu.py -k "pingpong and full-long-100k-False"
     ;;
   s41e)  # (~3 minutes) the 128-row MoE form with SORT_ALONE (now that the sort is cheap): 2,048 / 4,096 tokens
     step moe-sort128 200 python3 bench/moe_prefill.py --out "$OUT/moe" --tokens 2048,4096 --only sort128
