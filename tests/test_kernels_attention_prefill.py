@@ -309,6 +309,10 @@ def _jobs() -> list[tuple[str, dict, int]]:
     order = [(f"full-tp8,full,f8e4m3,gate,mirror,wgmma,split,order,o{i}",
               dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True, MIRROR=True, WGMMA=True,
                    WG_SPLIT=True, TILE_ORDER=True, _OPTION=i), 90) for i in (1, 4)]
+    # ... with its partitions' key-block MMAs in turn (WG_PINGPONG)
+    order += [("full-tp8,full,f8e4m3,gate,mirror,wgmma,split,order,pingpong",
+               dict(spec_constants(full, 8, "full", "f8e4m3", page=16), GATE=True, MIRROR=True, WGMMA=True,
+                    WG_SPLIT=True, TILE_ORDER=True, WG_PINGPONG=True, _OPTION=4), 90)]
     # the sliding layers' step render on sm90 (emitters.ATTENTION_SLIDING_PREFILL_TILES: 4 warps, EX2_FTZ), both targets
     from beamc.codegen.emitters import ATTENTION_SLIDING_PREFILL_TILES
     step = [("full-tp8,sliding,f8e4m3,gate,f16-dot,step-tile", dict(spec_constants(full, 8, "sliding", "f8e4m3"),
@@ -360,7 +364,7 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["waits"] == 1, r
         if r["arch"] == 90 and r["stage"] == 2 and "f8e4m3" in r["label"]:  # wgmma operands: fp16 only with F16_DOT
             assert r["wgmma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
-    assert len(results) == 34
+    assert len(results) == 35
 
 
 # ---------------------------------------------------------------- 3. the contract
