@@ -192,7 +192,8 @@ def _compile(args) -> list[dict]:
             wsteps=mod.WG_WSTEPS if stage == 3 else 1, rk=mod.RK0 if stage == 3 else mod.RK1, wv16=mod.WG_V16,
             cp_async_arrive=ptx.count("cp.async.mbarrier.arrive"), decode_muls=ptx.count("mul.rn.bf16x2"),
             setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
-            loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])), st_v4=ptx.count("st.global.v4.b32"),
+            loads_before_wait=len(re.findall(r"\bld\.global", ptx[:wait])),
+            st_v4=len(re.findall(r"st\.global(?:\.[\w:]+)*\.v4\.b32", ptx)),  # (WG_YSTREAM's with a cache hint)
             rows=(2 * mod.WG_BN if stage == 3 else mod.WG_BN2), block_m=mod.BLOCK_M, stages=mod.WG_STAGES,
             load_warps=mod.WG_LOAD_WARPS if stage == 3 else mod.WG_LOAD_WARPS4,
             load_regs=mod.WG_LOAD_REGS if stage == 3 else mod.WG_LOAD_REGS4, store=mod.WG_STORE and stage == 4,
