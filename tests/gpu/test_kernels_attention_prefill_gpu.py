@@ -99,6 +99,18 @@ def _run_poisoned(m, ins: list) -> tuple[torch.Tensor, torch.Tensor]:
     return out, scratch
 
 
+def _replay_poisoned(m, ins: list, out: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """The launch (after `_run_poisoned`: compiled, the scratch as it left it) captured in a CUDA graph into out,
+    poisoned with NaN first, and replayed once: out, synchronised."""
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        m.launch(*ins, out, scratch)
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.mark.parametrize("cache", ["bf16", "f8e4m3"])
 @pytest.mark.parametrize("kind", ["sliding", "full"])
 @pytest.mark.parametrize("case", list(CASES))
@@ -389,12 +401,7 @@ def test_pingpong_gives_the_same_bits(kind, case, short, gate, kdir):
     want = _run_poisoned(split, ins)[0]
     out, scratch = _run_poisoned(pp, ins)
     got = out.clone()
-    out.fill_(float("nan"))  # ... and under graph replay
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        pp.launch(*ins, out, scratch)
-    graph.replay()
-    torch.cuda.synchronize()
+    out = _replay_poisoned(pp, ins, out, scratch)  # ... and under graph replay
     line = dict(kind=kind, case=case, gate=gate, tokens=ins[0].shape[0], nan=int(got.isnan().sum()),
                 bitwise=bool(torch.equal(got, want)), bitwise_graph=bool(torch.equal(out, want)))
     SUMMARY.setdefault("pingpong", []).append(line)
@@ -424,13 +431,7 @@ def test_tile_order_gives_the_same_bits(kind, case, short, tiles, kdir):
     n = -(-T // ordered.BLOCK_T)
     order = scratch[2 * ordered.MIRROR_NUMEL:].view(torch.int32)[3 * ordered.MIRROR_SLOTS:][:n]
     assert sorted(order.tolist()) == list(range(n))
-    out.fill_(float("nan"))  # ... and under graph replay
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ordered.launch(*ins, out, scratch)
-    graph.replay()
-    torch.cuda.synchronize()
-    outs.append(out)
+    outs.append(_replay_poisoned(ordered, ins, out, scratch))  # ... and under graph replay
     line = dict(kind=kind, case=case, tiles=tiles, tokens=T, bitwise=bool(torch.equal(outs[1], outs[0])),
                 bitwise_graph=bool(torch.equal(outs[2], outs[0])), nan=int(outs[0].isnan().sum()))
     SUMMARY.setdefault("tile_order", []).append(line)
