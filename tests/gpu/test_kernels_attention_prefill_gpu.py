@@ -99,6 +99,24 @@ def _run_poisoned(m, ins: list) -> tuple[torch.Tensor, torch.Tensor]:
     return out, scratch
 
 
+def _twin_modules(c: dict, gate: bool, flag: str, kdir: Path) -> tuple:
+    """The render of constants c (op attention_gate when gate) and its twin with render option `flag` on:
+    (without, with), the option checked on in the twin only."""
+    op = "attention_gate" if gate else "attention"
+    base = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
+    twin = load_kernel(KernelSpec("attention_prefill", op, dict(c, **{flag: True})), kdir)
+    assert getattr(twin, flag) and not getattr(base, flag)
+    return base, twin
+
+
+def _case_inputs(c: dict, case: str, seed: int, gate: bool, gseed: int, pad: int) -> list:
+    """A CASES case's inputs (6 slots, bf16 q), with the output gate's g (rows `pad` heads longer: strided, as the
+    packed projection leaves them) and b when gate."""
+    seqs, shuffle = CASES[case]
+    ins = make_case(c, seqs, seed=seed, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
+    return [*ins, *_gate_inputs(ins[0], gseed, pad=pad)] if gate else ins
+
+
 def _replay_poisoned(m, ins: list, out: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     """The launch (after `_run_poisoned`: compiled, the scratch as it left it) captured in a CUDA graph into out,
     poisoned with NaN first, and replayed once: out, synchronised."""
@@ -194,14 +212,8 @@ def test_q16_out_gives_the_same_bits(kind, case, gate, warps, kdir):
     """Q16_OUT (F16_DOT: q's fp16 tile through the program's output rows): the same bits as the render without it,
     eager and under graph replay, every output written."""
     c = dict(_constants(kind, "f8e4m3"), GATE=gate, F16_DOT=True, NUM_WARPS=warps, EX2_FTZ=True)
-    op = "attention_gate" if gate else "attention"
-    base = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
-    q16 = load_kernel(KernelSpec("attention_prefill", op, dict(c, Q16_OUT=True)), kdir)
-    assert q16.Q16_OUT and not base.Q16_OUT
-    seqs, shuffle = CASES[case]
-    ins = make_case(c, seqs, seed=23, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
-    if gate:  # (g's rows strided, as the packed projection leaves them)
-        ins = [*ins, *_gate_inputs(ins[0], 7, pad=1)]
+    base, q16 = _twin_modules(c, gate, "Q16_OUT", kdir)
+    ins = _case_inputs(c, case, 23, gate, 7, 1)
     outs = [_run_plain(m, ins) for m in (base, q16)]
     graphed = _run_plain(q16, ins, graph=True)
     line = dict(kind=kind, case=case, gate=gate, warps=warps, bitwise=bool(torch.equal(outs[1], outs[0])),
@@ -390,14 +402,8 @@ def test_pingpong_gives_the_same_bits(kind, case, short, gate, kdir):
     pages = SHORT_PAGES[kind] if short else None
     c = dict(_constants(kind, "f8e4m3"), GATE=gate, MIRROR=True, WGMMA=True, WG_SPLIT=True, TILE_ORDER=True,
              **({"MIRROR_PAGES": pages} if pages else {}))
-    op = "attention_gate" if gate else "attention"
-    split = load_kernel(KernelSpec("attention_prefill", op, c), kdir)
-    pp = load_kernel(KernelSpec("attention_prefill", op, dict(c, WG_PINGPONG=True)), kdir)
-    assert pp.WG_PINGPONG and not split.WG_PINGPONG
-    seqs, shuffle = CASES[case]
-    ins = make_case(c, seqs, seed=17, device="cuda", q_dtype=torch.bfloat16, shuffle=shuffle, n_slots=6)
-    if gate:
-        ins = [*ins, *_gate_inputs(ins[0], 7, pad=2)]
+    split, pp = _twin_modules(c, gate, "WG_PINGPONG", kdir)
+    ins = _case_inputs(c, case, 17, gate, 7, 2)
     want = _run_poisoned(split, ins)[0]
     out, scratch = _run_poisoned(pp, ins)
     got = out.clone()
