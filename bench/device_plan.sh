@@ -35,6 +35,9 @@
 #   bash bench/device_plan.sh s41e           # the 128-row MoE form with SORT_ALONE: timings
 #   bash bench/device_plan.sh s42a           # what bounds the 256-row MoE form's stages: WG_DIAG variants' stage times
 #   bash bench/device_plan.sh s42b           # WG_WTMA4 (stage 4's words by TMA): GPU cases, timings, and s42a's
+#   bash bench/device_plan.sh s43a           # COMBINE (the prefill MoE's y in the sort's order + its own combine):
+#                                            # GPU cases, timings beside the route before; WG_PINGPONG's timing
+#   bash bench/device_plan.sh s43b           # COMBINE in the prefill step; WG_PINGPONG's GPU cases
 #   bash bench/device_plan.sh s42d           # WG_PINGPONG (the full layer's partitions' MMAs in turn): timings, cases
 #   bash bench/device_plan.sh s42e           # ... cut to ~4 minutes: one timing each, one GPU case
 #   bash bench/device_plan.sh s42c           # WG_WTMA4's GPU cases, WG_YSTREAM (y's stores evict-first): cases, timings
@@ -84,7 +87,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s43a, s43b, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -339,6 +342,24 @@ from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
 a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
 print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))')"
     tests t-pingpong 240 tests/gpu/test_kernels_attention_prefill_gpu.py -k "pingpong"
+    ;;
+  s43a)  # (~9 minutes) COMBINE (the combine_experts pass's prefill MoE: y in the sort's order, stage 4's chunks by
+    # TMA box stores, the top-k combine as the module's stage 6): its GPU cases (bitwise against the route before),
+    # then the 256-row form + moe_combine against COMBINE and COMBINE without WG_YTMA at 16,384 tokens (twice each
+    # in turn, per-launch times); then WG_PINGPONG once beside the emitter's attention form (s42e's timing)
+    tests t-combine 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "combine_gives"
+    step moe-combine 160 python3 bench/moe_prefill.py --combine --tokens 16384 --out "$OUT/moe"
+    step attn-pingpong 130 python3 bench/attention_prefill.py --out "$OUT/attn" \
+      --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
+from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
+a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
+print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
+    ;;
+  s43b)  # (~8 minutes) the prefill step (8 x 2,048 over 100K) with COMBINE in the 256-row form beside the default,
+    # then WG_PINGPONG's GPU cases
+    step variants-combine 300 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s43-combine \
+      --variant combine=form.bm256.COMBINE=true
+    tests t-pingpong 150 tests/gpu/test_kernels_attention_prefill_gpu.py -k "pingpong"
     ;;
   s42e)  # (~4 minutes: s42d cut to the device time left) WG_PINGPONG once beside the emitter's form, one GPU case
     step attn-pingpong 130 python3 bench/attention_prefill.py --out "$OUT/attn" \

@@ -408,6 +408,70 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
     return out
 
 
+def bench_combine(graph_time, copy_bw: float | None = None, device: str = "cuda", tokens: int = TOKENS,
+                  reps: int = 2) -> list[dict]:
+    """The combine_experts pass's prefill MoE, the emitter's 256-row form: the experts into y in pair order then the
+    `moe_combine` kernel (the route before COMBINE), against COMBINE (y in the sort's order, WG_YTMA's box stores,
+    the combine as the module's stage 6), and COMBINE with WG_YTMA off (sorted rows by the threads' stores): each in
+    one CUDA graph, `reps` times in turn (the drift between them), with the per-launch device times; out checked
+    bit for bit between the three."""
+    import tempfile
+
+    import triton
+
+    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+    from profile_step import launch_medians  # bench/profile_step.py
+    from test_kernels_moe import distinct_idx, moe_constants, nvfp4_experts
+
+    c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
+    E, H, I, k = c["E"], c["H"], c["I"], c["TOP_K"]
+    kdir = tempfile.mkdtemp(prefix="beamc_bench_moe_combine_")
+    decode = load_kernel(KernelSpec("moe_nvfp4_decode", "moe_experts", c), kdir)
+    params = decode.relayout(nvfp4_experts(E, H, I, torch.Generator().manual_seed(0), device=device))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(tokens, H, generator=g).bfloat16().to(device)
+    idx = distinct_idx(tokens, E, k, g).to(device)
+    w = torch.rand(tokens, k, generator=g).to(device)
+    P = tokens * k
+    flops = 2 * P * 3 * H * I
+    form = MOE_WGMMA_FORMS["bm256"]
+    plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **form)), kdir)
+    comb = load_kernel(KernelSpec("moe_combine", "boundary", dict(DTYPE="bf16", H=H, TOP_K=k, ROUTED_SCALE=2.5)), kdir)
+    y = torch.empty(tokens, k, H, dtype=torch.bfloat16, device=device)
+    scratch = torch.empty(plain.scratch_numel(tokens), dtype=torch.bfloat16, device=device)
+    runs = {}
+    out0 = torch.full((tokens, H), float("nan"), dtype=torch.bfloat16, device=device)
+
+    def before():
+        plain.launch(x, idx, *params, y, scratch)
+        comb.launch(y, w, idx, out0)
+
+    runs["emitter bm256 + moe_combine"] = (before, out0, len(plain.grids(tokens)) + 1)
+    for label, extra in (("COMBINE", {}), ("COMBINE WG_YTMA=0", dict(WG_YTMA=False))):
+        mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **form, COMBINE=True, ROUTED_SCALE=2.5,
+                                                                   **extra)), kdir)
+        sc = torch.empty(mod.scratch_numel(tokens), dtype=torch.bfloat16, device=device)
+        out = torch.full((tokens, H), float("nan"), dtype=torch.bfloat16, device=device)
+        runs[label] = ((lambda m=mod, s=sc, o=out: m.launch(x, idx, *params, y, w, o, s)), out, len(mod.grids(tokens)))
+    recs = {label: {"kernel": f"moe_nvfp4_prefill combine {label}", "op": "moe_experts", "tokens": tokens,
+                    "top_k": k, "shape": [E, H, I], "triton": triton.__version__, "us_runs": []}
+            for label in runs}
+    for _ in range(reps):
+        for label, (fn, _, _) in runs.items():
+            recs[label]["us_runs"].append(graph_time(fn, 3) * 1e6)
+    for label, (fn, out, n) in runs.items():
+        r = recs[label]
+        r["us"] = min(r["us_runs"])
+        r["tflops"] = flops / r["us"] / 1e6
+        r["launch_us"] = launch_medians(fn, x.device, n)
+        r["out_bitwise_equal_to_route_before"] = bool(torch.equal(out.view(torch.int16), out0.view(torch.int16)))
+        if copy_bw:
+            r["copy_tb_s"] = copy_bw
+    assert torch.isfinite(out0).all(), "the route before: unwritten outputs"
+    assert all(r["out_bitwise_equal_to_route_before"] for r in recs.values()), recs
+    return list(recs.values())
+
+
 def ncu_launches(tokens: int, extra: dict) -> None:
     """The render (default: the model's at `tokens`, DEQUANT on re-laid-out weights) launched 3 times, nothing else
     on the GPU between them, no graphs, no timing: for `ncu --kernel-name regex:^kernel$` (6 launches per call)."""
@@ -440,6 +504,8 @@ if __name__ == "__main__":
     ap.add_argument("--only", default=None, help="comma-separated words: the variants whose label holds one "
                     "(and the default on re-laid-out weights)")
     ap.add_argument("--out", default=None, help="write the records here as moe-prefill-DATE.json")
+    ap.add_argument("--combine", action="store_true", help="only `bench_combine` (the combine_experts pass's "
+                    "routes: the experts then moe_combine, against COMBINE)")
     ap.add_argument("--ncu", default=None, metavar="JSON", help="only launch this render (DEQUANT + these constants, "
                     "e.g. '{}') 3 times at the first of --tokens, for ncu; no timing")
     args = ap.parse_args()
@@ -453,7 +519,8 @@ if __name__ == "__main__":
 
     recs = []
     for tok in map(int, args.tokens.split(",")):
-        for r in bench_cases(graph_time, tokens=tok, only=args.only):
+        for r in (bench_combine(graph_time, tokens=tok) if args.combine else
+                  bench_cases(graph_time, tokens=tok, only=args.only)):
             print(json.dumps(r), flush=True)
             recs.append(r)
         torch.cuda.empty_cache()
@@ -465,6 +532,6 @@ if __name__ == "__main__":
         (Path(args.out) / f"moe-prefill-{date}.json").write_text(json.dumps(facts, indent=1) + "\n")
     print(f"{'variant':<70} {'tokens':>6} {'us':>9} {'TFLOP/s':>8} stages (us)")
     for r in recs:
-        st = " ".join(f"{k}:{v:.0f}" for k, v in (r.get("stage_us") or {}).items())
+        st = " ".join(f"{k}:{v:.0f}" for k, v in (r.get("stage_us") or dict(enumerate(r.get("launch_us", [])))).items())
         print(f"{r['kernel']:<70} {r['tokens']:>6} {r['us'] or 0:>9.1f} {r['tflops'] or 0:>8.1f} {st} "
               f"{r.get('error', '')[:80]}")

@@ -204,8 +204,10 @@ def device_kernels(fn, device, reps: int = 3) -> list:
     return sorted(ev, key=lambda e: e.time_range.start)
 
 
-# the names of generated kernels (a module's second kernel: moe_nvfp4_prefill's WGMMA render's `wg_kernel`)
-GENERATED = ("kernel", "wg_kernel", "wg_attention")  # (the Triton kernels, the Gluon MoE stages and attention pass)
+# the names of generated kernels (a module's other kernels: moe_nvfp4_prefill's WGMMA render's `wg_kernel`, its
+# COMBINE render's `combine_kernel`)
+GENERATED = ("kernel", "wg_kernel", "wg_attention", "combine_kernel")  # (the Triton kernels, the Gluon MoE stages
+# and attention pass, the MoE prefill's combine stage)
 
 
 def launch_medians(fn, device, n: int, reps: int = 3, names: tuple[str, ...] = GENERATED) -> list[float]:

@@ -430,6 +430,43 @@ def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
         compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=-1)
 
 
+def test_a_wgmma_form_with_combine_combines_in_the_prefill_experts(monkeypatch):
+    """A WGMMA form holding COMBINE (emitters.MOE_WGMMA_FORMS; off until measured): under the combine_experts pass
+    its prefill launches render with COMBINE and the node's routed scale and take the routing weights and out after
+    y (the scratch), and no moe_combine runs at their token counts, while the others keep the experts then
+    moe_combine: at every token count the experts once and the combine once. Without the pass no launch has it."""
+    import beamc.codegen.emitters as em
+
+    full = load_spec(ROOT / "models/beam.yaml")
+    assert "COMBINE" not in em.MOE_WGMMA_FORMS["bm256"] and "COMBINE" not in em.MOE_WGMMA_FORMS["bm128"]
+    monkeypatch.setitem(em.MOE_WGMMA_FORMS, "bm256", dict(em.MOE_WGMMA_FORMS["bm256"], COMBINE=True))
+
+    def moe_launches(passes):
+        pkg = compile_package(full, tp=8, passes=passes, phases=("prefill",))
+        moe = [(n, ln) for n, ln in pkg.steps["prefill"].launches if n.op in ("moe_experts", "boundary")]
+        layer = next(n.layer for n, _ in moe if n.op == "moe_experts")
+        return [(n, ln) for n, ln in moe if n.layer == layer]
+
+    lns = moe_launches(ALL)
+    node = next(n for n, _ in lns if n.op == "moe_experts")
+    w, out = node.inputs[-1].name, node.outputs[0].name
+    sorting = [ln for _, ln in lns if ln.kernel is not None and ln.kernel.constants.get("COMBINE")
+               and ln.kernel.template == "moe_nvfp4_prefill"]
+    assert sorting and all(ln.kernel.constants["ROUTED_SCALE"] == node.attrs["routed_scale"] and
+                           ln.args[-3:] == ("scratch:moe_experts", w, out) for ln in sorting)
+    for T in (1, 65, 2048, em.MOE_WGMMA_BM256_MIN_TOKENS - 1, em.MOE_WGMMA_BM256_MIN_TOKENS, 16384, 10 ** 6):
+        run = [ln for _, ln in lns if ln.runs_for(T) and ln.kernel is not None]
+        experts = [ln for ln in run if ln.kernel.template.startswith("moe_nvfp4")]
+        combines = [ln for ln in run if ln.kernel.template == "moe_combine"]
+        combined = experts[0].kernel.constants.get("COMBINE")
+        assert len(experts) == 1 and len(combines) == (0 if combined else 1), (T, experts, combines)
+        assert bool(combined and experts[0].kernel.template == "moe_nvfp4_prefill") == (
+            T >= em.MOE_WGMMA_BM256_MIN_TOKENS), T
+    off = moe_launches([p for p in ALL if p != "combine_experts"])
+    assert not any(ln.kernel is not None and ln.kernel.template == "moe_nvfp4_prefill"
+                   and ln.kernel.constants.get("COMBINE") for _, ln in off)
+
+
 def test_template_overrides_pin_constants_in_every_kernel_of_their_template(tmp_path):
     """`template_overrides` (`beamc compile --set TEMPLATE.CONSTANT=VALUE`): every kernel rendered from the template
     takes the value (its source says so), the other templates' kernels are untouched, the manifest records it, and

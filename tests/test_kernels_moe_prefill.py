@@ -317,6 +317,58 @@ def run_relaid_case(name: str, kdir: Path) -> dict:
     return dict(rows=int(valid.sum()), k_steps_and_chunks=[(mod.BLOCK_K, mod.RK0), (mod.BLOCK_K2, mod.RK1)])
 
 
+# name: (E, H, I, top-k, T, routing, extra constants): COMBINE (y in the sort's order, the combine as stage 6)
+# against the same render without it followed by `moe_combine`, bitwise
+COMBINE_CASES = {
+    "combine-e7-k3-T40-dup": (7, 64, 32, 3, 40, "dup", {}),
+    "combine-e5-k3-T7-bad-ids": (5, 64, 32, 3, 7, "bad", {}),
+    "combine-e7-k3-T40-sparse-scan-seq-rank-tiles": (7, 64, 32, 3, 40, "sparse", dict(SCAN_PAR=False,
+                                                                                      RANK_SORT=False)),
+    "combine-e5-k3-T7-bad-ids-rank-tiles": (5, 64, 32, 3, 7, "bad", dict(RANK_SORT=False)),
+    "combine-e7-k2-T40-block32-chunk64-one": (7, 64, 32, 2, 40, "one", dict(BLOCK_M=32, SORT_CHUNK=64)),
+    "combine-e7-k3-T40-dequant-down-parts": (7, 64, 32, 3, 40, "dup", dict(DEQUANT=True, DEQUANT_DOWN=True, BLOCK_M=32,
+                                                                           BLOCK_M2=16, SORT_CHUNK=64)),
+}
+
+
+def run_combine_case(name: str, kdir: Path) -> dict:
+    """COMBINE: out bit for bit the render without it then `moe_combine` (routed scale 2.5); each valid pair's y row
+    (at inv[pair]) bit for bit its pair-order row, inv a bijection onto the first rows of y, -1 for ids outside
+    [0, E); cstart the counts' exclusive prefix; y, out and the scratch poisoned, canaries past scratch_numel."""
+    E, H, I, k, T, kind, extra = COMBINE_CASES[name]
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    params = nvfp4_experts(E, H, I, g)
+    x = torch.randn(T, H, generator=g)
+    idx = routing(kind, T, E, k, g)
+    w = torch.rand(T, k, generator=g)
+    plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", prefill_constants(E, H, I, k, **extra)), kdir)
+    mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", prefill_constants(E, H, I, k, COMBINE=True,
+                                                                            ROUTED_SCALE=2.5, **extra)), kdir)
+    combine = load_kernel(KernelSpec("moe_combine", "boundary", dict(DTYPE="f32", H=H, TOP_K=k, ROUTED_SCALE=2.5,
+                                                                     PDL=False)), kdir)
+    assert mod.STAGES[-1] == 6 and 6 not in plain.STAGES
+    y0, out0 = torch.full((T, k, H), float("nan")), torch.full((T, H), float("nan"))
+    plain.launch(x, idx, *params, y0)
+    combine.launch(y0, w, idx, out0)
+    y, out = torch.full((T, k, H), float("nan")), torch.full((T, H), float("nan"))
+    n = mod.scratch_numel(T)
+    scratch = torch.full((n + 64,), float("nan"))
+    mod.launch(x, idx, *params, y, w, out, scratch)
+    assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
+    assert torch.isfinite(out0).all() and torch.equal(out.view(torch.int32), out0.view(torch.int32)), \
+        (out - out0).abs().max().item()
+    views = mod.scratch_views(scratch, T)
+    flat = idx.flatten()
+    ok = (flat >= 0) & (flat < E)
+    inv = views["inv"].long()
+    assert torch.equal(inv[~ok], torch.full_like(inv[~ok], -1)), "inv of ids outside [0, E)"
+    assert torch.equal(torch.sort(inv[ok]).values, torch.arange(int(ok.sum()))), "inv: a bijection onto y's first rows"
+    assert torch.equal(y.view(-1, H)[inv[ok]].view(torch.int32), y0.view(-1, H)[ok].view(torch.int32)), "y rows"
+    count = torch.bincount(flat[ok], minlength=E)
+    assert torch.equal(views["cstart"].long(), torch.cumsum(count, 0) - count), views["cstart"]
+    return dict(pairs=int(ok.sum()), bad=int((~ok).sum()))
+
+
 def _interpreted_main(out: str) -> None:
     """Run in a subprocess with TRITON_INTERPRET=1: every case -> {name: {ok, ...}}."""
     import json
@@ -342,6 +394,11 @@ def _interpreted_main(out: str) -> None:
     for name in DEQUANT_CASES:
         try:
             results[name] = dict(ok=True, **run_dequant_case(name, kdir))
+        except Exception:  # noqa: BLE001
+            results[name] = dict(ok=False, error=traceback.format_exc())
+    for name in COMBINE_CASES:
+        try:
+            results[name] = dict(ok=True, **run_combine_case(name, kdir))
         except Exception:  # noqa: BLE001
             results[name] = dict(ok=False, error=traceback.format_exc())
     try:  # the NATIVE_FP4 path reads ModelOpt bytes only: re-laid-out weights are refused before any launch
@@ -390,6 +447,13 @@ def test_interpreted_relaid_weights_give_the_same_bits(case, interpreted):
     assert r["ok"], f"{case}:\n{r.get('error')}"
 
 
+@pytest.mark.parametrize("case", list(COMBINE_CASES))
+def test_interpreted_combine_gives_the_same_bits(case, interpreted):
+    """COMBINE (the combine_experts pass's prefill route) against the experts in pair order then `moe_combine`."""
+    r = interpreted[case]
+    assert r["ok"], f"{case}:\n{r.get('error')}"
+
+
 # ---------------------------------------------------------------- 2. ahead-of-time compilation
 def _full() -> dict:
     """The full spec's MoE shapes at TP 8 (E 256, H 5120, I 2560 / 8 = 320, top-k 8): the moe_experts node's inputs
@@ -426,6 +490,11 @@ VARIANTS = {
     **{f"full-tp8-sort-alone-relaid-o{i}@{a}": (_full, dict(SORT_ALONE=True, RELAID=True, OPTION=i,
                                                            **({"SWAP": False} if a == 100 else {})), a)
        for i in (0, 1) for a in (90, 100)},
+    # COMBINE (the combine_experts pass's route: y in the sort's order, the top-k combine as the last launch): the
+    # GEMMs' binary (option 0, stage 4 storing sorted rows) and the combine's (option 1, `combine_kernel`)
+    **{f"full-tp8-combine-relaid-o{i}@{a}": (_full, dict(COMBINE=True, ROUTED_SCALE=2.5, RELAID=True, OPTION=i,
+                                                        **({"SWAP": False} if a == 100 else {})), a)
+       for i in (0, 1) for a in (90, 100)},
 }
 
 
@@ -455,6 +524,7 @@ def _compile(variant: str, directory: str) -> dict:
     ck = aot_compile(mod, arch, options)
     ptx = ck.asm["ptx"]
     return dict(arch=arch, native=bool(c.get("NATIVE_FP4")), relaid=relaid, pdl=mod.PDL, options=options,
+                fn=options.get("fn", "kernel"),
                 only=options.get("constexprs", {}).get("ONLY", -1), dequant=mod.DEQUANT,
                 cp16=len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10", ptx)),
                 local=_local_bytes(ck.asm["cubin"]),
@@ -488,12 +558,15 @@ def test_bf16_aot_compiles(variant, compiled):
     on the dot_scaled path."""
     r = compiled[variant].result()
     assert r["target"] and r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
-    opts = {k: v for k, v in r["options"].items() if k != "constexprs"}
+    opts = {k: v for k, v in r["options"].items() if k not in ("constexprs", "fn")}
     assert opts == dict(num_warps=opts["num_warps"], enable_fp_fusion=False, enable_reflect_ftz=False,
                         launch_pdl=r["pdl"]) and r["launch_pdl"] == r["pdl"], r
     check_pdl_ptx(r, r["pdl"], variant)
     if r["pdl"]:
         assert r["waits"] == 1 and r["loads_before_wait"] == [0], r
+    if r["fn"] == "combine_kernel":  # (COMBINE's top-k combine: moe_combine's loads and sums, no MMA, no spills)
+        assert not r["wgmma"] and not r["tcgen05"] and not r["cp_async"] and (r["local"] or 0) <= SMALL_LOCAL, r
+        return
     gemm = r["only"] in (-1, 3, 4) and not (r["dequant"] and r["only"] == -1)  # (DEQUANT's sort binary: no GEMM)
     if r["only"] == 0:  # SORT_ALONE's sort binary: no MMA, no pipelined loads, ~2 KB of shared memory
         assert not r["wgmma"] and not r["tcgen05"] and not r["cp_async"] and r["shared"] <= 8192, r
@@ -510,7 +583,7 @@ def test_bf16_aot_compiles(variant, compiled):
         assert r["e2m1_cvt"] or _TRITON < (3, 9), r
     if variant.startswith("full"):
         assert r["tiles"] == (64 if r["swap"] else 128, 0, 0), r  # (SWAP: BLOCK_M 64, 4 warps; DEQUANT: 128)
-    if r["relaid"] and not r["dequant"] and r["only"] == -1 and "sort-alone" not in variant:
+    if r["relaid"] and not r["dequant"] and r["only"] == -1 and "sort-alone" not in variant and "combine" not in variant:
         # the re-laid-out weights' loads as vectorised as the ModelOpt bytes'; no spills
         modelopt = compiled[variant.replace("-relaid", "")].result()
         # (48 vs 42 at TP 8 with Triton 3.9 since the part-of-a-chunk words load one column at a time, the form

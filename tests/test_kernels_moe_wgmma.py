@@ -158,6 +158,13 @@ FORMS["bm256-wsteps2-v16-half-load4-acopy-atma4-dstore-wtma4"] = dict(
 # ... and with y's stores evict-first (WG_YSTREAM)
 FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4-ystream"] = dict(
     FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-wtma4"], WG_YSTREAM=True)
+# ... and COMBINE (y in the sort's order: stage 4's chunks of real rows by TMA box stores, WG_YTMA, or without them);
+# the 128-row form's stores (no WG_DSTORE) of sorted rows
+FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-combine"] = dict(
+    FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore"], COMBINE=True, ROUTED_SCALE=2.5)
+FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-combine-noytma"] = dict(
+    FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-combine"], WG_YTMA=False)
+FORMS["acopy-hres-wsteps2-v16-half-aq-combine"] = dict(FORMS["acopy-hres-wsteps2-v16-half-aq"], COMBINE=True)
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -200,7 +207,9 @@ def _compile(args) -> list[dict]:
             acopy=mod.WG_ACOPY if stage == 3 else mod.WG_ACOPY4,
             acopy_regs=mod.WG_ACOPY_REGS, mma_regs=mod.WG_MMA_REGS[stage], atma=mod.WG_ATMA and stage == 4,
             wtma=mod.WG_WTMA and stage == 3, wtma4=mod.WG_WTMA4 and stage == 4, ksteps=(mod.H if stage == 3 else mod.I) // 64,
-            tma=ptx.count("cp.async.bulk.tensor"), expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
+            tma=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),  # (TMA loads; stores below)
+            tma_st=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
+            ytma=mod.WG_YTMA and stage == 4, expect_tx=ptx.count("mbarrier.arrive.expect_tx"),
             stmatrix=ptx.count("stmatrix"), half=mod.WG_HALF, I=mod.I, fences=ptx.count("fence.proxy.async"),
             nofence=mod.WG_NOFENCE4 and stage == 4, dstore=mod.WG_DSTORE and stage == 4,
             parts=mod.WG_LOAD_PARTS if stage == 3 else 1))
@@ -238,6 +247,8 @@ def test_wgmma_renders_compile_for_sm90a():
         assert r["launch_pdl"] and r["loads_before_wait"] == 0, r
         # (WG_STORE: the tile handed over through shared memory; WG_DSTORE: kept there for the next tile's steps)
         assert (r["stmatrix"] > 0) == (r["store"] or r["dstore"]), r
+        # (COMBINE's WG_YTMA: stage 4's chunks of real rows by TMA box stores, the rest by the threads' stores)
+        assert (r["tma_st"] > 0) == r["ytma"], r
         # (local memory: the partitions' register limits (setmaxnreg) leave frames of 48-520 bytes a thread in the
         # forms, ~140 MB of an H100 reserved at most; SMALL_LOCAL x 4 keeps a kilobytes spill out)
         assert (r["local"] or 0) <= 4 * SMALL_LOCAL and r["shared"] <= 232448, r

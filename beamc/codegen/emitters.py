@@ -381,7 +381,7 @@ MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis":
 
 
 @emits("moe_experts")
-def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
+def _moe_experts(node: Node, g: Graph, ctx: Context, combine: dict | None = None) -> list[Launch]:
     """NVFP4 experts, both phases: up to 64 tokens the W4A16 decode kernel (only the chosen experts' bytes read,
     one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by expert on
     the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
@@ -389,7 +389,8 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     WGMMA render (its GEMMs warp-specialised on wgmma, the NVFP4 decode in the main loop; MOE_WGMMA_FORMS), else (or
     with --no-moe-wgmma) from MOE_DEQUANT_MIN_TOKENS on its DEQUANT render (the gate_up weights dequantised once per
     step), from MOE_DEQUANT_DOWN_MIN_TOKENS on with DEQUANT_DOWN (the down weights too). Dense (bf16) experts: the
-    reference loop over experts."""
+    reference loop over experts. `combine` (from `_moe_experts_combine`: COMBINE and ROUTED_SCALE): the WGMMA forms
+    that hold COMBINE render with it (y in the sort's order, the combine as their last launch); else no form does."""
     if node.attrs.get("combine"):
         return _moe_experts_combine(node, g, ctx)
     fmt = node.attrs["format"]
@@ -414,10 +415,10 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
             and wgmma_shapes(dims["H"], dims["I"], ksplit) and not pinned):
         # (the WGMMA render reads the re-laid-out words, the decode module's relayout, in K steps of 64; other shapes
         # keep the DEQUANT renders below)
-        bm128 = dict(MOE_WGMMA_FORMS["bm128"], **({} if dims["I"] // 64 <= MOE_WGMMA_HRES_MAX_STEPS
-                                                  else {"WG_HRES": False}))
+        bm128 = dict(_combine_form(MOE_WGMMA_FORMS["bm128"], combine),
+                     **({} if dims["I"] // 64 <= MOE_WGMMA_HRES_MAX_STEPS else {"WG_HRES": False}))
         mid = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **bm128)
-        bm256 = {k: v for k, v in MOE_WGMMA_FORMS["bm256"].items()
+        bm256 = {k: v for k, v in _combine_form(MOE_WGMMA_FORMS["bm256"], combine).items()
                  if k != "WG_WTMA" or wtma_shapes(dims["H"], dims["I"], ksplit)}
         big = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay, **bm256)
         out = [dataclasses.replace(large, max_tokens=MOE_WGMMA_MIN_TOKENS - 1, choice=MOE_WGMMA_CHOICE),
@@ -445,11 +446,37 @@ def _moe_experts(node: Node, g: Graph, ctx: Context) -> list[Launch]:
             dataclasses.replace(out[0], min_tokens=MOE_DECODE_MAX_TOKENS + 1)] + out[1:]
 
 
+def _combine_form(form: dict, combine: dict | None) -> dict:
+    """A WGMMA form as rendered: with COMBINE (and the routed scale) where the form asks for it and the node is the
+    combine_experts pass's (`combine`), else without."""
+    base = {k: v for k, v in form.items() if k != "COMBINE"}
+    return dict(base, **combine) if combine and form.get("COMBINE") else base
+
+
+def _sorts_y(ln: Launch) -> bool:
+    """Whether a launch is a moe_nvfp4_prefill COMBINE render (y in the sort's order, the combine its last launch)."""
+    return ln.kernel is not None and ln.kernel.template == "moe_nvfp4_prefill" and bool(ln.kernel.constants.get("COMBINE"))
+
+
+def _combine_spans(runs: list[Launch], combine: Launch) -> list[Launch]:
+    """The `moe_combine` launch over the token ranges of `runs` that write y in pair order (one per contiguous span;
+    the COMBINE renders combine themselves)."""
+    spans: list[list] = []
+    for ln in sorted((ln for ln in runs if not _sorts_y(ln)), key=lambda ln: ln.min_tokens):
+        if spans and spans[-1][1] is not None and spans[-1][1] + 1 >= ln.min_tokens:
+            spans[-1][1] = None if ln.max_tokens is None else max(spans[-1][1], ln.max_tokens)
+        else:
+            spans.append([ln.min_tokens, ln.max_tokens])
+    return [dataclasses.replace(combine, min_tokens=lo, max_tokens=hi) for lo, hi in spans]
+
+
 def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     """moe_experts with `combine` (the combine_experts pass): up to `most` tokens (`ctx.moe_combine_max_tokens`, by
     default MOE_COMBINE_MAX_TOKENS; at most the decode kernel's range) the decode kernel's COMBINE render (the combine
     in its down GEMM's epilogue); above, the experts' launches as without the pass into a scratch buffer
-    [T, top_k, H], then the `moe_combine` kernel (what the boundary ran before the pass)."""
+    [T, top_k, H], then the `moe_combine` kernel (what the boundary ran before the pass), except for the prefill
+    forms that hold COMBINE (MOE_WGMMA_FORMS; off until measured): their render writes y in the sort's order and
+    combines it itself (their launch takes the routing weights and out after y)."""
     a = node.attrs
     *ins, w = node.inputs
     x, idx = ins[:2]
@@ -460,13 +487,15 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     s = "scratch:moe_experts"
     plain = Node("moe_experts", ins, [y], {k: v for k, v in a.items() if k not in ("combine", "routed_scale")},
                  layer=node.layer)
-    runs = [into_scratch(ln, s, y) for ln in _moe_experts(plain, g, ctx)]
+    runs = [into_scratch(ln, s, y) for ln in _moe_experts(plain, g, ctx, {"COMBINE": True,
+                                                                           "ROUTED_SCALE": a["routed_scale"]})]
+    runs = [dataclasses.replace(ln, args=ln.args + (w.name, out.name)) if _sorts_y(ln) else ln for ln in runs]
     combine = dataclasses.replace(kernel(node, "moe_combine", ctx, args=(s, w.name, idx.name, out.name),
                                          H=last_dim(x), TOP_K=idx.shape[1], ROUTED_SCALE=a["routed_scale"]),
                                   min_tokens=most + 1, choice=MOE_COMBINE_CHOICE)
     fused = next((ln for ln in runs if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"), None)
     if fused is None or most < 1 or idx.shape[1] > 8:  # (top-k > 8: not measured)
-        return runs + [dataclasses.replace(combine, min_tokens=0)]
+        return runs + _combine_spans(runs, combine)
     # the plain render's constants (its overrides already pinned and checked) with the combine in its epilogue
     spec = KernelSpec("moe_nvfp4_decode", node.op, {**fused.kernel.constants, "COMBINE": True,
                                                     "ROUTED_SCALE": a["routed_scale"]})
@@ -479,7 +508,8 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         if ln.max_tokens is not None and ln.max_tokens <= most:
             continue
         rest.append(dataclasses.replace(ln, min_tokens=max(ln.min_tokens, most + 1)))
-    return ([frag] if frag is not None else []) + ([fused] if fused.min_tokens <= most else []) + rest + [combine]
+    return (([frag] if frag is not None else []) + ([fused] if fused.min_tokens <= most else []) + rest
+            + _combine_spans(rest, combine))
 
 
 # `--moe-frag-max-tokens N` (0, off, by default): steps of up to N tokens run a moe_experts with `combine` as

@@ -581,3 +581,75 @@ def test_rank_sort_same_rows(shape, M, kind, form, tmp_path_factory):
     assert (y[~ok] == 0).all() and torch.isnan(y[ok]).all(), "bad rows zeroed, the others untouched"
     SUMMARY["moe_nvfp4_prefill"].append(dict(rank_sort_same_rows=True, shape=shape, M=M, routing=kind, form=form,
                                              bad_pairs=int((~ok).sum())))
+
+
+def _bad_ids(idx: torch.Tensor, E: int, g: torch.Generator) -> torch.Tensor:
+    """idx with ~5% of its ids outside [0, E) (-1 or E): pairs with no expert."""
+    bad = torch.rand(idx.shape, generator=g).cuda() < 0.05
+    return torch.where(bad, torch.where(torch.rand(idx.shape, generator=g).cuda() < 0.5, -1, E), idx)
+
+
+def _combine_form(shape: str, form: str) -> dict:
+    """The emitter's WGMMA form `form` ("bm256" / "bm128", "-noytma": WG_YTMA off) for a shape, as `_moe_experts`
+    renders it (WG_WTMA where the shapes take it)."""
+    from beamc.codegen.emitters import MOE_WGMMA_FORMS, wtma_shapes
+
+    c = _constants(shape)
+    f = dict(MOE_WGMMA_FORMS[form.split("-")[0]])
+    if not wtma_shapes(c["H"], c["I"]):
+        f.pop("WG_WTMA", None)
+    return dict(f, WG_YTMA=False) if form.endswith("-noytma") else f
+
+
+@pytest.mark.parametrize("shape,M,kind,form", [
+    ("tp8", 16384, "distinct", "bm256"), ("tp8", 16384, "distinct", "bm256-noytma"), ("tp8", 1000, "repeat", "bm256"),
+    ("tp8", 4096, "one", "bm256"), ("tp8", 2048, "few", "bm128"), ("odd-wg", 1000, "bad", "bm256"),
+    ("odd-wg", 4099, "bad", "bm128"), ("tp8", 333, "bad", "modelopt")])
+def test_combine_gives_the_same_bits(shape, M, kind, form, tmp_path_factory):
+    """COMBINE (the combine_experts pass's prefill route: y in the sort's order, WG_YTMA's box stores, stage 6's
+    combine through inv) against the same form without it followed by `moe_combine`: out bit for bit, and each pair's
+    y row (at inv[pair]) bit for bit; ids outside [0, E) (inv -1, no row); outputs poisoned first; a CUDA graph
+    replay with everything poisoned again gives the same bits. "modelopt": the default render on the ModelOpt bytes
+    (Triton stages 3 and 4, y rows by pointer)."""
+    f = {} if form == "modelopt" else _combine_form(shape, form)
+    base = _module(shape, tmp_path_factory, **f)
+    mod = _module(shape, tmp_path_factory, **f, COMBINE=True, ROUTED_SCALE=2.5)
+    assert mod.COMBINE and mod.STAGES[-1] == 6 and mod.WG_YTMA == (form in ("bm256",))
+    comb = load_kernel(KernelSpec("moe_combine", "boundary", dict(DTYPE="bf16", H=mod.H, TOP_K=mod.TOP_K,
+                                                                  ROUTED_SCALE=2.5)),
+                       tmp_path_factory.mktemp("moe_combine_kernels"))
+    params = _weights(shape) if form == "modelopt" else _relaid(shape, tmp_path_factory)
+    g = torch.Generator().manual_seed(M + 11 * len(kind))
+    x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
+    idx = _routing("repeat" if kind == "bad" else kind, M, mod.E, mod.TOP_K, g)
+    if kind == "bad":
+        idx = _bad_ids(idx, mod.E, g)
+    w = torch.rand(M, mod.TOP_K, generator=g).cuda()
+    y0 = torch.full((M, mod.TOP_K, mod.H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    base.launch(x, idx, *params, y0)
+    out0 = torch.full((M, mod.H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    comb.launch(y0, w, idx, out0)
+    y = torch.empty_like(y0)
+    out = torch.empty_like(out0)
+    n = mod.scratch_numel(M)
+    scratch = torch.empty(n + 64, dtype=torch.bfloat16, device="cuda")
+    run = lambda: mod.launch(x, idx, *params, y, w, out, scratch)  # noqa: E731
+    results = []
+    for graph in (False, True):
+        replay = captured_graph(run) if graph else None
+        for t in (y, out, scratch):
+            t.fill_(float("nan"))
+        replay.replay() if graph else run()
+        torch.cuda.synchronize()
+        assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(M)"
+        inv = mod.scratch_views(scratch, M)["inv"].long()
+        ok = ((idx >= 0) & (idx < mod.E)).flatten()
+        assert torch.equal(inv[~ok], torch.full_like(inv[~ok], -1)), "inv of the bad ids"
+        assert torch.equal(torch.sort(inv[ok]).values, torch.arange(int(ok.sum()), device="cuda")), "inv: a bijection"
+        rows = torch.equal(y.view(-1, mod.H)[inv[ok]].view(torch.int16), y0.view(-1, mod.H)[ok].view(torch.int16))
+        results.append(dict(out=torch.equal(out.view(torch.int16), out0.view(torch.int16)), y_rows=rows))
+    line = dict(shape=shape, M=M, routing=kind, variant=f"combine-{form}", bad_pairs=int((~ok).sum()),
+                eager=results[0], graph=results[1], out_finite=bool(torch.isfinite(out0).all()))
+    SUMMARY["moe_nvfp4_prefill"].append(line)
+    print(f"moe_nvfp4_prefill {shape} M={M} {kind} combine-{form}: {results}")
+    assert line["out_finite"] and all(r["out"] and r["y_rows"] for r in results), line
