@@ -38,6 +38,7 @@
 #   bash bench/device_plan.sh s43a           # COMBINE (the prefill MoE's y in the sort's order + its own combine):
 #                                            # GPU cases, timings beside the route before; WG_PINGPONG's timing
 #   bash bench/device_plan.sh s43c           # s43a cut to ~6 minutes: COMBINE's timings, 4 GPU cases
+#   bash bench/device_plan.sh s43d           # s43b cut: COMBINE in the prefill step only
 #   bash bench/device_plan.sh s43b           # COMBINE in the prefill step; WG_PINGPONG's GPU cases
 #   bash bench/device_plan.sh s42d           # WG_PINGPONG (the full layer's partitions' MMAs in turn): timings, cases
 #   bash bench/device_plan.sh s42e           # ... cut to ~4 minutes: one timing each, one GPU case
@@ -88,7 +89,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s43a, s43b, s43c, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s43a, s43b, s43c, s43d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -361,6 +362,10 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     step moe-combine 160 python3 bench/moe_prefill.py --combine --tokens 16384 --out "$OUT/moe"
     tests t-combine 180 tests/gpu/test_kernels_moe_prefill_gpu.py -k \
       "combine_gives and (16384-distinct-bm256] or 1000-repeat or odd-wg-1000 or modelopt)"
+    ;;
+  s43d)  # (~5 minutes: s43b cut) the prefill step with COMBINE in the 256-row form beside the default
+    step variants-combine 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s43-combine \
+      --variant combine=form.bm256.COMBINE=true
     ;;
   s43b)  # (~8 minutes) the prefill step (8 x 2,048 over 100K) with COMBINE in the 256-row form beside the default,
     # then WG_PINGPONG's GPU cases
