@@ -17,13 +17,17 @@
    negative scales, in fp32 (the tiny spec's shapes: gate_up K steps of one whole chunk, down steps of part of one;
    an odd shape, H 512: gate_up steps of 2 of a chunk's 4 G groups) and in bf16 (the tiny spec's: gate_up steps of
    2 whole chunks; H 1024, I 64: steps of half a 256-value chunk and of one 64-value chunk, as at TP 8); the
-   NATIVE_FP4 render refuses them.
+   NATIVE_FP4 render refuses them. COMBINE (the combine_experts pass's route: y in the sort's order, the top-k
+   combine as the module's last launch through each pair's row, inv): out bit for bit the render without it followed
+   by `moe_combine`, each pair's y row bit for bit, inv -1 for ids outside [0, E), cstart the counts' prefix (both
+   scans, both rank forms, DEQUANT_DOWN with parts of row blocks).
 2. bf16 instances compile ahead of time: the full spec's TP-8 shapes (E 256, H 5120, I 320, top-k 8) for sm_90a and
    sm_100a, the NATIVE_FP4 path (tl.dot_scaled) for sm_100a, the tiny spec's; tensor-core MMAs, K loops pipelined
    (cp.async), PDL facts (launch_dependents first, one wait with no load or store before it), no flush-to-zero,
    shared memory within a block's limit. The re-laid-out weights' instances (RELAID, int32 / uint8 pointers: what a
    launch with them specialises to) at the TP-8 shapes for sm_90a and sm_100a and the tiny spec's for sm_90a: as many
-   16-byte cp.async copies as the ModelOpt layout's (the loads stay vectorised), no local memory.
+   16-byte cp.async copies as the ModelOpt layout's (the loads stay vectorised), no local memory. COMBINE's two
+   binaries (the GEMMs storing sorted rows; `combine_kernel`) for sm_90a and sm_100a.
 3. The rendered module keeps the contract of `beamc.codegen.kernel` (launcher args = the decode template's); its
    relayout constants (chunks, bit positions) are `moe_nvfp4_decode`'s.
 GPU numerics (bf16 vs an fp32 reference, M up to 16384, skewed routings, CUDA graphs) are

@@ -17,6 +17,9 @@ WGMMA (stages 3 and 4 as the warp-specialised Gluon kernel; re-laid-out weights)
 the default render to < 5e-3 (the global scale on the fp32 sums: ~1e-3 from the reference, not bitwise), TP 8 at
 1 to 16,384 tokens and an odd shape (E 7, H 768, I 192, top-k 3), skewed routings, every tile form the bench times;
 its ModelOpt fallback (the module's Triton stages); graph replay bitwise equal to direct launches.
+COMBINE (y in the sort's order, WG_YTMA's box stores, the combine as the module's stage 6): out and each pair's y row
+bit for bit the route before (the form without it, then `moe_combine`), eager and replayed, ids outside [0, E)
+included.
 
 One short line per case is printed; with BEAMC_GPU_OUT set, a JSON summary goes to $BEAMC_GPU_OUT/moe_prefill.json.
 """
