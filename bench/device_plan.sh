@@ -358,10 +358,10 @@ a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
 print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     tests t-combine 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "combine_gives"
     ;;
-  s43c)  # (~6 minutes: s43a cut to the device time left) COMBINE's timings beside the route before, then 4 GPU cases
+  s43c)  # (~5 minutes: s43a cut to the device time left) COMBINE's timings beside the route before, then 3 GPU cases
     step moe-combine 160 python3 bench/moe_prefill.py --combine --tokens 16384 --out "$OUT/moe"
-    tests t-combine 180 tests/gpu/test_kernels_moe_prefill_gpu.py -k \
-      "combine_gives and (16384-distinct-bm256] or 1000-repeat or odd-wg-1000 or modelopt)"
+    tests t-combine 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k \
+      "combine_gives and (16384-distinct-bm256] or odd-wg-1000 or modelopt)"
     ;;
   s43d)  # (~5 minutes: s43b cut) the prefill step with COMBINE in the 256-row form beside the default
     step variants-combine 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s43-combine \
