@@ -39,6 +39,7 @@
 #                                            # GPU cases, timings beside the route before; WG_PINGPONG's timing
 #   bash bench/device_plan.sh s43c           # s43a cut to ~6 minutes: COMBINE's timings, 4 GPU cases
 #   bash bench/device_plan.sh s43d           # s43b cut: COMBINE in the prefill step only
+#   bash bench/device_plan.sh s43e           # COMBINE's timings only (~3 minutes)
 #   bash bench/device_plan.sh s43b           # COMBINE in the prefill step; WG_PINGPONG's GPU cases
 #   bash bench/device_plan.sh s42d           # WG_PINGPONG (the full layer's partitions' MMAs in turn): timings, cases
 #   bash bench/device_plan.sh s42e           # ... cut to ~4 minutes: one timing each, one GPU case
@@ -89,7 +90,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s43a, s43b, s43c, s43d, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -366,6 +367,9 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
   s43d)  # (~5 minutes: s43b cut) the prefill step with COMBINE in the 256-row form beside the default
     step variants-combine 280 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s43-combine \
       --variant combine=form.bm256.COMBINE=true
+    ;;
+  s43e)  # (~3 minutes) COMBINE's timings beside the route before only (the bench checks out bit for bit itself)
+    step moe-combine 160 python3 bench/moe_prefill.py --combine --tokens 16384 --out "$OUT/moe"
     ;;
   s43b)  # (~8 minutes) the prefill step (8 x 2,048 over 100K) with COMBINE in the 256-row form beside the default,
     # then WG_PINGPONG's GPU cases
