@@ -346,21 +346,23 @@ a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
 print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))')"
     tests t-pingpong 240 tests/gpu/test_kernels_attention_prefill_gpu.py -k "pingpong"
     ;;
-  s43a)  # (~9 minutes) COMBINE (the combine_experts pass's prefill MoE: y in the sort's order, stage 4's chunks by
+  s43a)  # (~9.5 minutes) COMBINE (the combine_experts pass's prefill MoE: y in the sort's order, stage 4's chunks by
     # TMA box stores, the top-k combine as the module's stage 6): the 256-row form + moe_combine against COMBINE and
-    # COMBINE without WG_YTMA at 16,384 tokens (twice each in turn, per-launch times); WG_PINGPONG once beside the
-    # emitter's attention form (s42e's timing); then COMBINE's GPU cases (bitwise against the route before)
+    # COMBINE without WG_YTMA at 16,384 tokens (twice each in turn, per-launch times), the 128-row form's at 4,096
+    # tokens; WG_PINGPONG once beside the emitter's attention form (s42e's timing); then COMBINE's GPU cases (bitwise
+    # against the route before)
     # (the timings first: the bench checks out bit for bit between the three routes itself)
-    step moe-combine 160 python3 bench/moe_prefill.py --combine --tokens 16384 --out "$OUT/moe"
+    step moe-combine 160 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
+    step moe-combine128 80 python3 bench/moe_prefill.py --combine bm128 --tokens 4096 --out "$OUT/moe128"
     step attn-pingpong 130 python3 bench/attention_prefill.py --out "$OUT/attn" \
       --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
 from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
 a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
 print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
-    tests t-combine 230 tests/gpu/test_kernels_moe_prefill_gpu.py -k "combine_gives"
+    tests t-combine 190 tests/gpu/test_kernels_moe_prefill_gpu.py -k "combine_gives"
     ;;
   s43c)  # (~5 minutes: s43a cut to the device time left) COMBINE's timings beside the route before, then 3 GPU cases
-    step moe-combine 160 python3 bench/moe_prefill.py --combine --tokens 16384 --out "$OUT/moe"
+    step moe-combine 160 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     tests t-combine 150 tests/gpu/test_kernels_moe_prefill_gpu.py -k \
       "combine_gives and (16384-distinct-bm256] or odd-wg-1000 or modelopt)"
     ;;
@@ -369,7 +371,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
       --variant combine=form.bm256.COMBINE=true
     ;;
   s43e)  # (~3 minutes) COMBINE's timings beside the route before only (the bench checks out bit for bit itself)
-    step moe-combine 160 python3 bench/moe_prefill.py --combine --tokens 16384 --out "$OUT/moe"
+    step moe-combine 160 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     ;;
   s43b)  # (~8 minutes) the prefill step (8 x 2,048 over 100K) with COMBINE in the 256-row form beside the default,
     # then WG_PINGPONG's GPU cases

@@ -409,8 +409,9 @@ def bench_cases(graph_time, copy_bw: float | None = None, device: str = "cuda", 
 
 
 def bench_combine(graph_time, copy_bw: float | None = None, device: str = "cuda", tokens: int = TOKENS,
-                  reps: int = 2) -> list[dict]:
-    """The combine_experts pass's prefill MoE, the emitter's 256-row form: the experts into y in pair order then the
+                  reps: int = 2, name: str = "bm256") -> list[dict]:
+    """The combine_experts pass's prefill MoE, the emitter's form `name` (MOE_WGMMA_FORMS): the experts into y in pair
+    order then the
     `moe_combine` kernel (the route before COMBINE), against COMBINE (y in the sort's order, WG_YTMA's box stores,
     the combine as the module's stage 6), and COMBINE with WG_YTMA off (sorted rows by the threads' stores), and the
     experts alone (their TFLOP/s): each in one CUDA graph, `reps` times in turn (the drift between them), with the
@@ -434,7 +435,7 @@ def bench_combine(graph_time, copy_bw: float | None = None, device: str = "cuda"
     w = torch.rand(tokens, k, generator=g).to(device)
     P = tokens * k
     flops = 2 * P * 3 * H * I
-    form = MOE_WGMMA_FORMS["bm256"]
+    form = MOE_WGMMA_FORMS[name]
     plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **form)), kdir)
     comb = load_kernel(KernelSpec("moe_combine", "boundary", dict(DTYPE="bf16", H=H, TOP_K=k, ROUTED_SCALE=2.5)), kdir)
     y = torch.empty(tokens, k, H, dtype=torch.bfloat16, device=device)
@@ -446,15 +447,16 @@ def bench_combine(graph_time, copy_bw: float | None = None, device: str = "cuda"
         plain.launch(x, idx, *params, y, scratch)
         comb.launch(y, w, idx, out0)
 
-    runs["emitter bm256 + moe_combine"] = (before, out0, len(plain.grids(tokens)) + 1)
+    runs[f"emitter {name} + moe_combine"] = (before, out0, len(plain.grids(tokens)) + 1)
     # (the experts alone: the issue's TFLOP/s figure, 2 x pairs x 3 x H x I / time)
-    runs["emitter bm256 alone"] = ((lambda: plain.launch(x, idx, *params, y, scratch)), None, len(plain.grids(tokens)))
-    for label, extra in (("COMBINE", {}), ("COMBINE WG_YTMA=0", dict(WG_YTMA=False))):
+    runs[f"emitter {name} alone"] = ((lambda: plain.launch(x, idx, *params, y, scratch)), None, len(plain.grids(tokens)))
+    # (WG_YTMA needs WG_DSTORE: the 128-row form stores sorted rows by its threads only)
+    for label, extra in (("COMBINE", {}), ("COMBINE WG_YTMA=0", dict(WG_YTMA=False)))[:2 if form.get("WG_DSTORE") else 1]:
         mod = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **form, COMBINE=True, ROUTED_SCALE=2.5,
                                                                    **extra)), kdir)
         sc = torch.empty(mod.scratch_numel(tokens), dtype=torch.bfloat16, device=device)
         out = torch.full((tokens, H), float("nan"), dtype=torch.bfloat16, device=device)
-        runs[label] = ((lambda m=mod, s=sc, o=out: m.launch(x, idx, *params, y, w, o, s)), out, len(mod.grids(tokens)))
+        runs[f"{name} {label}"] = ((lambda m=mod, s=sc, o=out: m.launch(x, idx, *params, y, w, o, s)), out, len(mod.grids(tokens)))
     recs = {label: {"kernel": f"moe_nvfp4_prefill combine {label}", "op": "moe_experts", "tokens": tokens,
                     "top_k": k, "shape": [E, H, I], "triton": triton.__version__, "us_runs": []}
             for label in runs}
@@ -507,8 +509,9 @@ if __name__ == "__main__":
     ap.add_argument("--only", default=None, help="comma-separated words: the variants whose label holds one "
                     "(and the default on re-laid-out weights)")
     ap.add_argument("--out", default=None, help="write the records here as moe-prefill-DATE.json")
-    ap.add_argument("--combine", action="store_true", help="only `bench_combine` (the combine_experts pass's "
-                    "routes: the experts then moe_combine, against COMBINE)")
+    ap.add_argument("--combine", default=None, metavar="FORMS", help="only `bench_combine` for these emitter forms "
+                    "(comma-separated, e.g. bm256,bm128: the combine_experts pass's routes, the experts then "
+                    "moe_combine against COMBINE)")
     ap.add_argument("--ncu", default=None, metavar="JSON", help="only launch this render (DEQUANT + these constants, "
                     "e.g. '{}') 3 times at the first of --tokens, for ncu; no timing")
     args = ap.parse_args()
@@ -522,8 +525,8 @@ if __name__ == "__main__":
 
     recs = []
     for tok in map(int, args.tokens.split(",")):
-        for r in (bench_combine(graph_time, tokens=tok) if args.combine else
-                  bench_cases(graph_time, tokens=tok, only=args.only)):
+        for r in ([r for f in args.combine.split(",") for r in bench_combine(graph_time, tokens=tok, name=f)]
+                  if args.combine else bench_cases(graph_time, tokens=tok, only=args.only)):
             print(json.dumps(r), flush=True)
             recs.append(r)
         torch.cuda.empty_cache()
