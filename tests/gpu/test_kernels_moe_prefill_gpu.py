@@ -532,6 +532,12 @@ def test_the_emitters_forms_replay_bitwise(tmp_path_factory):
                                              forms=sorted(MOE_WGMMA_FORMS)))
 
 
+def _bad_ids(idx: torch.Tensor, E: int, g: torch.Generator) -> torch.Tensor:
+    """idx with ~5% of its ids outside [0, E) (-1 or E): pairs with no expert."""
+    bad = torch.rand(idx.shape, generator=g).cuda() < 0.05
+    return torch.where(bad, torch.where(torch.rand(idx.shape, generator=g).cuda() < 0.5, -1, E), idx)
+
+
 @pytest.mark.parametrize("shape,M,kind,form", [
     ("tp8", 16384, "distinct", "bm256"), ("tp8", 2048, "distinct", "bm128"), ("tp8", 1000, "repeat", "bm256"),
     ("tp8", 4096, "few", "bm128"), ("tp8", 65, "one", "bm256"), ("odd-wg", 1000, "bad", "bm128"),
@@ -552,9 +558,7 @@ def test_rank_sort_same_rows(shape, M, kind, form, tmp_path_factory):
     g = torch.Generator().manual_seed(M + 7 * len(kind))
     x = torch.randn(M, mod.H, generator=g).bfloat16().cuda()
     if kind == "bad":  # ids outside [0, E) among repeats: no row, their y rows zeros
-        idx = _routing("repeat", M, mod.E, mod.TOP_K, g)
-        bad = torch.rand(idx.shape, generator=g).cuda() < 0.05
-        idx = torch.where(bad, torch.where(torch.rand(idx.shape, generator=g).cuda() < 0.5, -1, mod.E), idx)
+        idx = _bad_ids(_routing("repeat", M, mod.E, mod.TOP_K, g), mod.E, g)
     else:
         idx = _routing(kind, M, mod.E, mod.TOP_K, g)
     outs = []
@@ -584,12 +588,6 @@ def test_rank_sort_same_rows(shape, M, kind, form, tmp_path_factory):
     assert (y[~ok] == 0).all() and torch.isnan(y[ok]).all(), "bad rows zeroed, the others untouched"
     SUMMARY["moe_nvfp4_prefill"].append(dict(rank_sort_same_rows=True, shape=shape, M=M, routing=kind, form=form,
                                              bad_pairs=int((~ok).sum())))
-
-
-def _bad_ids(idx: torch.Tensor, E: int, g: torch.Generator) -> torch.Tensor:
-    """idx with ~5% of its ids outside [0, E) (-1 or E): pairs with no expert."""
-    bad = torch.rand(idx.shape, generator=g).cuda() < 0.05
-    return torch.where(bad, torch.where(torch.rand(idx.shape, generator=g).cuda() < 0.5, -1, E), idx)
 
 
 def _combine_form(shape: str, form: str) -> dict:
