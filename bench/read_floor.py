@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
