@@ -63,7 +63,13 @@ CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERG
            # with F16_DOT the default (fp8): bf16 operands again; and the loop's other knobs now that it is shorter
            ("bf16dot", dict(F16_DOT=False)), ("mergeD16", dict(MERGE_D=16)), ("mergeD64", dict(MERGE_D=64)),
            ("prefetch2/f16", dict(PREFETCH=2)), ("bn32/prefetch2/f16", dict(BLOCK_N=32, PREFETCH=2)),
-           ("w8/bn64/f16", dict(NUM_WARPS=8)), ("bn128/no-prefetch/f16", dict(BLOCK_N=128, PREFETCH=False)))
+           ("w8/bn64/f16", dict(NUM_WARPS=8)), ("bn128/no-prefetch/f16", dict(BLOCK_N=128, PREFETCH=False)),
+           # TMA_KV (full layers): each block's pages by TMA boxes in a pipelined loop; num_stages 8 / 10 / 12 keep
+           # 3 / 4 / 5 blocks of boxes in flight (106 registers: up to 4 programs an SM where shared memory allows)
+           ("tma", dict(TMA_KV=True)), ("tma10", dict(TMA_KV=True, TMA_STAGES=10)),
+           ("tma12", dict(TMA_KV=True, TMA_STAGES=12)), ("tma6", dict(TMA_KV=True, TMA_STAGES=6)),
+           ("tma/bn32", dict(TMA_KV=True, BLOCK_N=32, TMA_STAGES=12)),
+           ("tma/bn128", dict(TMA_KV=True, BLOCK_N=128, TMA_STAGES=6)))
 # (s18run1: every one of those four slower than the default at 100K (25.8-35.0 us against 23.0 at their best splits):
 # more warps per SM do not shorten this loop)
 # --configs picks some by label (the default always runs)

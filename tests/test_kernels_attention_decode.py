@@ -174,6 +174,13 @@ CASES = {
     # of 16); 2 splits: the last-arriver merge in head-dim slices
     "paged-p4-merge": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, MERGE_CHUNK=2,
                                  MERGE_D=8, LAST_MERGE_MAX=2), [(0, [122]), (1, [37, 38])], None, (2, 3, 5, 8)),
+    # TMA_KV: each block's pages as TMA boxes (pages of 16, 2 or 4 a block); the poisoned rows past a context read
+    # whole with their page (masked scores, zeroed V rows), shares of 1 to many blocks, a context of 1
+    "paged-p16-tma": (constants(**TINY, window=0, dtype="f32", cache="f32", page=16, BLOCK_N=32, TMA_KV=True),
+                      [(0, [122]), (1, [0]), (2, [37, 38]), (3, [63]), (4, [64])], None, (1, 4)),
+    "fp8-paged-p16-tma-gate": (constants(hq=6, hkv=1, d=32, window=0, dtype="f32", cache="f8e4m3", page=16,
+                                         BLOCK_N=64, TMA_KV=True, GATE=True),
+                               [(0, [150]), (1, [5, 6]), (2, [0])], None, (1, 3)),
     # the gate in stage 1's epilogue (LAST_MERGE_MAX 1: every split count > 1 merges in stage 1)
     "fp8-paged-gate-stage1": (constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4, BLOCK_N=16, GATE=True,
                                         LAST_MERGE_MAX=1), [(0, [120]), (1, [5, 6]), (2, [0])], None, (1, 3)),
@@ -254,6 +261,10 @@ QKN_CASES = {
     "qkn-ring-w40-g6-d24": (qkn_constants(constants(hq=6, hkv=1, d=24, window=40, dtype="f32", cache="f32",
                                                     BLOCK_N=16), "rope"), [(0, [90]), (1, [20]), (2, [41])], 44,
                             (1, 5)),
+    # TMA_KV (pages of 16 by TMA boxes) with the owner's cache write: a position on a page's first key, fp8, gated
+    "qkn-fp8-paged-p16-tma-gate": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=16,
+                                                           BLOCK_N=32, TMA_KV=True, GATE=True), "ssmax"),
+                                   [(0, [120]), (1, [32]), (2, [0]), (3, [70])], None, (1, 3)),
     # fp8 caches with per-tensor scales, paged SSMax and ring RoPE (gated)
     "qkn-fp8-paged-ssmax": (qkn_constants(constants(**TINY, window=0, dtype="f32", cache="f8e4m3", page=4,
                                                     BLOCK_N=16), "ssmax"), [(0, [120]), (1, [5]), (2, [0])], None,
@@ -406,6 +417,11 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("full-tp8,full,f8e4m3,no-prefetch", spec_constants(full, 8, "full", "bf16", "f8e4m3", 16,
                                                                    PREFETCH=False)))
     out.append(("full-tp8,full,f8e4m3,prefetch2", spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, PREFETCH=2)))
+    for cache in ("bf16", "f8e4m3"):  # TMA_KV: the pages by TMA boxes (plain and QKN, as the emitter would render it)
+        out.append((f"full-tp8,full,{cache},tma", spec_constants(full, 8, "full", "bf16", cache, 16, TMA_KV=True)))
+        out.append((f"full-tp8,full,{cache},gate,qkn,tma",
+                    qkn_constants(spec_constants(full, 8, "full", "bf16", cache, 16, GATE=True, TMA_KV=True,
+                                                 **({"F16_DOT": True} if cache == "f8e4m3" else {})), "ssmax")))
     for cache in ("bf16", "f8e4m3"):  # the last-arriver merge (sliding layers' split counts), gated, as emitted
         out.append((f"full-tp8,sliding,{cache},gate,last-merge", spec_constants(full, 8, "sliding", "bf16", cache, 16,
                                                                                 GATE=True, BLOCK_N=32, _LAST=True)))
@@ -456,7 +472,8 @@ def _compile(args) -> dict:
                 target=f".target sm_{arch}a" in ptx, mma=bool(re.search(r"\b(w?mma|tcgen05\.mma)", ptx)),
                 fp8=c["CACHE_DTYPE"] == "f8e4m3", qkn=bool(c.get("QKN")), pdl=mod.PDL, early=mod.EARLY_KV,
                 late=mod.LATE_TRIGGER or mod.LATE_TRIGGER1, late_both=mod.LATE_TRIGGER and mod.LATE_TRIGGER1,
-                launch_pdl=bool(ck.metadata.launch_pdl), f16_dot=mod.F16_DOT,
+                launch_pdl=bool(ck.metadata.launch_pdl), f16_dot=mod.F16_DOT, tma=mod.TMA_KV,
+                tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx)),
                 mma_dtypes=sorted(set(re.findall(r"mma\.sync\.aligned\.\w+\.row\.col\.f32\.(\w+)\.\w+\.f32", ptx))),
                 **pdl_facts(ptx))
 
@@ -470,8 +487,9 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 62
+    assert len(results) == 70
     for r in results:
+        assert (r["tma_loads"] > 0) == r["tma"], r  # TMA_KV: the pages by TMA boxes (and only there)
         if r["arch"] == 90 and r["fp8"]:  # the fp8 renders' MMA operands: bf16, or fp16 with F16_DOT
             assert r["mma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
         assert r["cubin"] > 0 and r["target"] and r["shared"] <= SMEM_LIMIT, r

@@ -369,3 +369,85 @@ def test_qkn_equals_qk_norm_then_attention(kind, ctx, cache, kdir, summary):
     assert me_same and eq_same, rec
     assert rec["graph_bitwise"], rec
     assert cache != "f8e4m3" or (rec["f16_rel_err"] < 1e-2 and rec["f16_graph_bitwise"]), rec
+
+
+# ---------------------------------------------------------------- TMA_KV (the full layers' pages by TMA boxes)
+TMA_CASES = [("f8e4m3", [100_003], 1), ("bf16", [100_003], 1), ("f8e4m3", [1, 513, 4096, 30_000, 777], 1),
+             ("bf16", [17, 2048, 9000], 16), ("f8e4m3", [8192], 16)]
+
+
+@pytest.mark.parametrize("cache,ctx,chunk", TMA_CASES)
+def test_tma_kv_matches_the_default(cache, ctx, chunk, kdir, summary):
+    """TMA_KV (stage 0 reads each block's K / V pages as TMA boxes in a pipelined loop) on full layers against the
+    fp32 reference (< 1e-2) and the default render (the same scores, maxima and MMA chain; only l's fp32 sum in
+    another order: within 1e-2, nearly all bits equal), at the default split count and a forced one; a CUDA-graph
+    replay equal to an eager launch bit for bit; the QKN render with it (the cache rows it writes bitwise the
+    default's); both forms timed at the single-sequence cases (graph replay)."""
+    c = _constants("full", cache)
+    mod, tma = _module(c, kdir), _module(dict(c, TMA_KV=True), kdir)
+    assert tma.TMA_KV and not mod.TMA_KV
+    case = _inputs(c, ctx, chunk, seed=sum(ctx) + chunk + 7)
+    want = _reference(c, case)
+    rec = dict(cache=cache, ctx=ctx, chunk=chunk, runs=[])
+    for splits in (None, 64 if max(ctx) > 4096 else 3):
+        outs = []
+        for m in (mod, tma):
+            out = torch.full_like(case["args"][0], float("nan"))
+            m.launch(*case["args"], out, splits=splits)
+            torch.cuda.synchronize()
+            assert not out.isnan().any(), (cache, ctx, chunk, splits, m.TMA_KV)
+            outs.append(out)
+        errs = [_norm_rel(o, want) for o in outs]
+        diff, same = _norm_rel(outs[1], outs[0]), (outs[1] == outs[0]).float().mean().item()
+        print(f"tma_kv {cache} ctx={ctx} x{chunk} splits={splits}: rel err default {errs[0]:.3e}, tma {errs[1]:.3e}; "
+              f"against the default {diff:.2e} ({same:.4f} of the values equal)")
+        rec["runs"].append(dict(splits=splits, rel_err=errs[1], rel_err_default=errs[0], diff=diff, same=same))
+        assert errs[1] < 1e-2 and diff < 1e-2, (cache, ctx, chunk, splits, errs, diff)
+    scratch = torch.full((tma.scratch_numel(case["T"]),), float("nan"), device="cuda")
+    out = torch.full_like(case["args"][0], float("nan"))
+    graph = captured_graph(lambda: tma.launch(*case["args"], out, scratch=scratch))
+    out.fill_(float("nan"))
+    graph.replay()
+    eager = torch.full_like(out, float("nan"))
+    tma.launch(*case["args"], eager)
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager), (cache, ctx, chunk)
+    if chunk == 1 and len(ctx) == 1:
+        sc = torch.empty(mod.scratch_numel(1), device="cuda")
+        o = torch.empty_like(case["args"][0])
+        rec["us_default"] = graph_us(lambda: mod.launch(*case["args"], o, scratch=sc))
+        rec["us_tma"] = graph_us(lambda: tma.launch(*case["args"], o, scratch=sc))
+        print(f"tma_kv {cache} ctx={ctx}: {rec['us_default']:.2f} -> {rec['us_tma']:.2f} us")
+    if chunk == 1:  # the QKN render (one token per sequence) with TMA_KV: the same cache writes, a close output
+        from test_kernels_attention_decode import poison_token_rows, qkn_constants, qkn_inputs
+        a_spec = load_spec(ROOT / "models/beam.yaml").attention
+        base = qkn_constants(dict(c, GATE=True), "ssmax")
+        base.update(EPS=a_spec.qk_norm.eps, LENGTH=a_spec.full.q_scale.length, POS_OFFSET=a_spec.full.q_scale.offset,
+                    EXPONENT=a_spec.full.q_scale.exponent)
+        q0, q1 = (load_kernel(KernelSpec(TEMPLATE, "qk_attention", dict(base, **x)), kdir) for x in ({}, {"TMA_KV": True}))
+        assert q1.TMA_KV and not q1.EARLY_KV
+        poison_token_rows(base, case)
+        _, kc, vc, slot, pos, *extras = case["args"]
+        x = qkn_inputs(base, case, seed=len(ctx) + 1, device="cuda")
+        gen = torch.Generator(device="cuda").manual_seed(14)
+        g = torch.randn(x["raw"][0].shape, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(base["HQ"], 1, device="cuda", generator=gen).to(torch.bfloat16)
+        res = []
+        for m in (q0, q1):
+            kcv, vcv = kc.clone(), vc.clone()
+            o = torch.full_like(x["raw"][0], float("nan"))
+            m.launch(*x["raw"], *x["w"], kcv, vcv, slot, pos, *extras, g, b, o)
+            torch.cuda.synchronize()
+            assert not o.isnan().any(), (cache, ctx, m.TMA_KV)
+            res.append((o, kcv, vcv))
+        assert torch.equal(res[0][1].view(torch.uint8), res[1][1].view(torch.uint8))
+        assert torch.equal(res[0][2].view(torch.uint8), res[1][2].view(torch.uint8))
+        rec["qkn_diff"] = _norm_rel(res[1][0], res[0][0])
+        print(f"tma_kv qkn {cache} ctx={ctx}: against the default QKN render {rec['qkn_diff']:.2e}")
+        assert rec["qkn_diff"] < 1e-2, rec
+        if len(ctx) == 1:
+            kcv, vcv, o = kc.clone(), vc.clone(), torch.empty_like(x["raw"][0])
+            for m, key in ((q0, "us_qkn_default"), (q1, "us_qkn_tma")):
+                rec[key] = graph_us(lambda: m.launch(*x["raw"], *x["w"], kcv, vcv, slot, pos, *extras, g, b, o))
+            print(f"tma_kv qkn {cache} ctx={ctx}: {rec['us_qkn_default']:.2f} -> {rec['us_qkn_tma']:.2f} us")
+    summary.setdefault("tma_kv", []).append(rec)
