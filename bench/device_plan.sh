@@ -43,6 +43,7 @@
 #   bash bench/device_plan.sh s44e           # the decode step with TMA_KV; TMA_KV's and COMBINE's GPU cases
 #   bash bench/device_plan.sh s44f           # s44c cut to ~6.5 minutes (no read floor, 3 TMA configs)
 #   bash bench/device_plan.sh s44g           # ~4.5 minutes: COMBINE's and TMA_KV's timings only
+#   bash bench/device_plan.sh s44h           # s44g with TMA_KV's timing first
 #   bash bench/device_plan.sh s43a           # COMBINE (the prefill MoE's y in the sort's order + its own combine):
 #                                            # GPU cases, timings beside the route before; WG_PINGPONG's timing
 #   bash bench/device_plan.sh s43c           # s43a cut to ~6 minutes: COMBINE's timings, 4 GPU cases
@@ -98,7 +99,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -417,6 +418,11 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     step moe-combine 150 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     step attn-tma 100 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
       --configs default,tma
+    ;;
+  s44h)  # (~4.5 minutes, the cheap timing first) TMA_KV against the default at 100K fp8, then COMBINE's timing
+    step attn-tma 100 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
+      --configs default,tma
+    step moe-combine 150 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     ;;
   s43a)  # (~9.5 minutes) COMBINE (the combine_experts pass's prefill MoE: y in the sort's order, stage 4's chunks by
     # TMA box stores, the top-k combine as the module's stage 6): the 256-row form + moe_combine against COMBINE and
