@@ -69,7 +69,10 @@ CONFIGS = (("default", {}), ("before", dict(PREFETCH=False, MERGE_CHUNK=32, MERG
            ("tma", dict(TMA_KV=True)), ("tma10", dict(TMA_KV=True, TMA_STAGES=10)),
            ("tma12", dict(TMA_KV=True, TMA_STAGES=12)), ("tma6", dict(TMA_KV=True, TMA_STAGES=6)),
            ("tma/bn32", dict(TMA_KV=True, BLOCK_N=32, TMA_STAGES=12)),
-           ("tma/bn128", dict(TMA_KV=True, BLOCK_N=128, TMA_STAGES=6)))
+           ("tma/bn128", dict(TMA_KV=True, BLOCK_N=128, TMA_STAGES=6)),
+           # (the above stack a block's pages into one tile for the default's block arithmetic: TMA_JOIN; these take
+           # each page's own dots instead: 106 registers against 195, more MMA instructions and barriers a block)
+           ("tma/pages", dict(TMA_KV=True, TMA_JOIN=False)), ("tma10/pages", dict(TMA_KV=True, TMA_JOIN=False, TMA_STAGES=10)))
 # (s18run1: every one of those four slower than the default at 100K (25.8-35.0 us against 23.0 at their best splits):
 # more warps per SM do not shorten this loop)
 # --configs picks some by label (the default always runs)

@@ -372,7 +372,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     # sweep at 100K (fp8, bf16) with its stage counts and blocks beside the default, its GPU cases, then the decode
     # step with it (paired rounds on an H200, one pass each on an H100)
     step attn-tma 150 python3 bench/attention_decode.py --out "$OUT/attn" --cases full:f8e4m3:100000,full:bf16:100000 \
-      --configs default,tma,tma10,tma12,tma6,tma/bn32,tma/bn128
+      --configs default,tma,tma10,tma12,tma6,tma/bn32,tma/bn128,tma/pages,tma10/pages
     tests t-tma 140 tests/gpu/test_kernels_attention_decode_gpu.py -k "tma_kv"
     step variants-tma 230 python3 bench/variants.py --out "$OUT/r" --tag=-s44-tma --rounds "$((ROUNDS > 2 ? 2 : ROUNDS))" \
       --variant tma=attention_decode.TMA_KV=true
@@ -386,8 +386,8 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
 from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
 a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
 print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
-    step attn-tma 150 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
-      --configs default,tma,tma10,tma12,tma/bn128
+    step attn-tma 170 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
+      --configs default,tma,tma10,tma12,tma/bn128,tma/pages,tma10/pages
     step read-floor 50 python3 bench/read_floor.py --out "$OUT/floor"
     ;;
   s44d)  # (~9.5 minutes) the prefill step (8 x 2,048 over 100K) with COMBINE in the 256-row form and with
@@ -407,7 +407,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     # WG_PINGPONG's timing
     step moe-combine 150 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     step attn-tma 110 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
-      --configs default,tma,tma10
+      --configs default,tma,tma10,tma/pages
     step attn-pingpong 110 python3 bench/attention_prefill.py --out "$OUT/attn" \
       --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
 from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
@@ -417,11 +417,11 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
   s44g)  # (~4.5 minutes: the least device time) COMBINE's timing, TMA_KV's against the default at 100K fp8
     step moe-combine 150 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     step attn-tma 100 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
-      --configs default,tma
+      --configs default,tma,tma/pages
     ;;
   s44h)  # (~4.5 minutes, the cheap timing first) TMA_KV against the default at 100K fp8, then COMBINE's timing
     step attn-tma 100 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
-      --configs default,tma
+      --configs default,tma,tma/pages
     step moe-combine 150 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     ;;
   s43a)  # (~9.5 minutes) COMBINE (the combine_experts pass's prefill MoE: y in the sort's order, stage 4's chunks by

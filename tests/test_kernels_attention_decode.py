@@ -175,9 +175,12 @@ CASES = {
     "paged-p4-merge": (constants(**TINY, window=0, dtype="f32", cache="f32", page=4, BLOCK_N=16, MERGE_CHUNK=2,
                                  MERGE_D=8, LAST_MERGE_MAX=2), [(0, [122]), (1, [37, 38])], None, (2, 3, 5, 8)),
     # TMA_KV: each block's pages as TMA boxes (pages of 16, 2 or 4 a block); the poisoned rows past a context read
-    # whole with their page (masked scores, zeroed V rows), shares of 1 to many blocks, a context of 1
+    # whole with their page (masked scores, zeroed V rows), shares of 1 to many blocks, a context of 1; stacked into
+    # one tile (TMA_JOIN, the default: bitwise the render without TMA_KV) or each page's own dots
     "paged-p16-tma": (constants(**TINY, window=0, dtype="f32", cache="f32", page=16, BLOCK_N=32, TMA_KV=True),
                       [(0, [122]), (1, [0]), (2, [37, 38]), (3, [63]), (4, [64])], None, (1, 4)),
+    "paged-p16-tma-pages": (constants(**TINY, window=0, dtype="f32", cache="f32", page=16, BLOCK_N=64, TMA_KV=True,
+                                      TMA_JOIN=False), [(0, [122]), (1, [0]), (2, [37, 38])], None, (1, 3)),
     "fp8-paged-p16-tma-gate": (constants(hq=6, hkv=1, d=32, window=0, dtype="f32", cache="f8e4m3", page=16,
                                          BLOCK_N=64, TMA_KV=True, GATE=True),
                                [(0, [150]), (1, [5, 6]), (2, [0])], None, (1, 3)),
@@ -210,7 +213,14 @@ def check_case(name: str, directory: Path) -> list[dict]:
         assert torch.isnan(scratch[n:]).all(), f"{name} splits={splits}: a write past the scratch"
         assert all(int(c.abs().sum()) == 0 for c in mod._COUNTERS["cpu"]), f"{name}: counters not back at 0"
         err = float("inf") if got.isnan().any() else rel_err(got, want)
-        out.append(dict(splits=splits, used=splits or mod.num_splits(T, _max_context(mod, case)), err=err))
+        run = dict(splits=splits, used=splits or mod.num_splits(T, _max_context(mod, case)), err=err)
+        if mod.TMA_KV and mod.TMA_JOIN:  # the joined pages run the default's block arithmetic: its bits exactly
+            plain = load_kernel(KernelSpec(TEMPLATE, "attention_gate" if gated else "attention",
+                                           dict(c, TMA_KV=False)), directory)
+            ref = torch.full_like(want, float("nan"))
+            plain.launch(*case["args"], *gate, ref, splits=splits)
+            run["same_as_default"] = bool(torch.equal(got, ref))
+        out.append(run)
     return out
 
 
@@ -383,6 +393,7 @@ def test_interpreted_fp32_matches_reference(name, interpreted):
     assert "error" not in r, r["error"]
     errs = [x["err"] for x in r["runs"]]
     assert max(errs) < 1e-5, r["runs"]
+    assert all(x.get("same_as_default", True) for x in r["runs"]), r["runs"]  # TMA_JOIN: the default's bits
 
 
 @pytest.mark.parametrize("name", list(QKN_CASES))
@@ -419,6 +430,8 @@ def _variants() -> list[tuple[str, dict]]:
     out.append(("full-tp8,full,f8e4m3,prefetch2", spec_constants(full, 8, "full", "bf16", "f8e4m3", 16, PREFETCH=2)))
     for cache in ("bf16", "f8e4m3"):  # TMA_KV: the pages by TMA boxes (plain and QKN, as the emitter would render it)
         out.append((f"full-tp8,full,{cache},tma", spec_constants(full, 8, "full", "bf16", cache, 16, TMA_KV=True)))
+        out.append((f"full-tp8,full,{cache},tma-pages", spec_constants(full, 8, "full", "bf16", cache, 16, TMA_KV=True,
+                                                                        TMA_JOIN=False)))
         out.append((f"full-tp8,full,{cache},gate,qkn,tma",
                     qkn_constants(spec_constants(full, 8, "full", "bf16", cache, 16, GATE=True, TMA_KV=True,
                                                  **({"F16_DOT": True} if cache == "f8e4m3" else {})), "ssmax")))
@@ -487,7 +500,7 @@ def test_aot_compile_every_variant(tmp_path):
     jobs = [(label, c, arch, str(tmp_path / f"sm{arch}")) for label, c in _variants() for arch in (90, 100)]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, jobs))
-    assert len(results) == 70
+    assert len(results) == 74
     for r in results:
         assert (r["tma_loads"] > 0) == r["tma"], r  # TMA_KV: the pages by TMA boxes (and only there)
         if r["arch"] == 90 and r["fp8"]:  # the fp8 renders' MMA operands: bf16, or fp16 with F16_DOT
