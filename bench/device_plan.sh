@@ -371,7 +371,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
   s44b)  # (~9 minutes) TMA_KV (the full layers' decode K / V pages by TMA boxes, pipelined): the decode attention's
     # sweep at 100K (fp8, bf16) with its stage counts and blocks beside the default, its GPU cases, then the decode
     # step with it (paired rounds on an H200, one pass each on an H100)
-    step attn-tma 150 python3 bench/attention_decode.py --out "$OUT/attn" --cases full:f8e4m3:100000,full:bf16:100000 \
+    step attn-tma 200 python3 bench/attention_decode.py --out "$OUT/attn" --cases full:f8e4m3:100000,full:bf16:100000 \
       --configs default,tma,tma10,tma12,tma6,tma/bn32,tma/bn128,tma/pages,tma10/pages
     tests t-tma 140 tests/gpu/test_kernels_attention_decode_gpu.py -k "tma_kv"
     step variants-tma 230 python3 bench/variants.py --out "$OUT/r" --tag=-s44-tma --rounds "$((ROUNDS > 2 ? 2 : ROUNDS))" \
