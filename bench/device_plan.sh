@@ -373,8 +373,8 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     # step with it (paired rounds on an H200, one pass each on an H100)
     step attn-tma 200 python3 bench/attention_decode.py --out "$OUT/attn" --cases full:f8e4m3:100000,full:bf16:100000 \
       --configs default,tma,tma10,tma12,tma6,tma/bn32,tma/bn128,tma/pages,tma10/pages
-    tests t-tma 140 tests/gpu/test_kernels_attention_decode_gpu.py -k "tma_kv"
-    step variants-tma 230 python3 bench/variants.py --out "$OUT/r" --tag=-s44-tma --rounds "$((ROUNDS > 2 ? 2 : ROUNDS))" \
+    tests t-tma 130 tests/gpu/test_kernels_attention_decode_gpu.py -k "tma_kv"
+    step variants-tma 200 python3 bench/variants.py --out "$OUT/r" --tag=-s44-tma --rounds "$((ROUNDS > 2 ? 2 : ROUNDS))" \
       --variant tma=attention_decode.TMA_KV=true
     ;;
   s44c)  # (~8.5 minutes: one call for the three timings that decide defaults) COMBINE beside the route before at
