@@ -93,6 +93,13 @@ step() {  # LABEL SECONDS CMD...: run with a time limit, log to $OUT/LABEL.log, 
   tail -25 "$OUT/$label.log"
 }
 
+pingpong_tiles() {  # the emitter's full-layer attention form, and the same with WG_PINGPONG (bench/attention_prefill.py --tiles)
+  python3 -c 'import json
+from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
+a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
+print(json.dumps([a, dict(a, WG_PINGPONG=True)]))'
+}
+
 tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest itself killed 15 s before the step)
   local label=$1 secs=$2
   shift 2
@@ -361,10 +368,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step moe-combine 160 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     step moe-combine128 75 python3 bench/moe_prefill.py --combine bm128 --tokens 4096 --out "$OUT/moe128"
     step attn-pingpong 120 python3 bench/attention_prefill.py --out "$OUT/attn" \
-      --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
-from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
-a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
-print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
+      --cases full:f8e4m3:100000 --tiles "$(pingpong_tiles)"
     tests t-combine 110 tests/gpu/test_kernels_moe_prefill_gpu.py -k \
       "combine_gives and (16384-distinct-bm256] or odd-wg-1000 or modelopt)"
     ;;
@@ -382,10 +386,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     # form, TMA_KV's decode sweep at 100K fp8 (each config's error against the reference printed), the read floor
     step moe-combine 160 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     step attn-pingpong 120 python3 bench/attention_prefill.py --out "$OUT/attn" \
-      --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
-from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
-a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
-print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
+      --cases full:f8e4m3:100000 --tiles "$(pingpong_tiles)"
     step attn-tma 170 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
       --configs default,tma,tma10,tma12,tma/bn128,tma/pages,tma10/pages
     step read-floor 50 python3 bench/read_floor.py --out "$OUT/floor"
@@ -409,10 +410,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     step attn-tma 110 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
       --configs default,tma,tma10,tma/pages
     step attn-pingpong 110 python3 bench/attention_prefill.py --out "$OUT/attn" \
-      --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
-from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
-a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
-print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
+      --cases full:f8e4m3:100000 --tiles "$(pingpong_tiles)"
     ;;
   s44g)  # (~4.5 minutes: the least device time) COMBINE's timing, TMA_KV's against the default at 100K fp8
     step moe-combine 150 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
@@ -433,10 +431,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     step moe-combine 160 python3 bench/moe_prefill.py --combine bm256 --tokens 16384 --out "$OUT/moe"
     step moe-combine128 80 python3 bench/moe_prefill.py --combine bm128 --tokens 4096 --out "$OUT/moe128"
     step attn-pingpong 130 python3 bench/attention_prefill.py --out "$OUT/attn" \
-      --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
-from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
-a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
-print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
+      --cases full:f8e4m3:100000 --tiles "$(pingpong_tiles)"
     tests t-combine 190 tests/gpu/test_kernels_moe_prefill_gpu.py -k "combine_gives"
     ;;
   s43c)  # (~5 minutes: s43a cut to the device time left) COMBINE's timings beside the route before, then 3 GPU cases
@@ -459,10 +454,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
     ;;
   s42e)  # (~4 minutes: s42d cut to the device time left) WG_PINGPONG once beside the emitter's form, one GPU case
     step attn-pingpong 130 python3 bench/attention_prefill.py --out "$OUT/attn" \
-      --cases full:f8e4m3:100000 --tiles "$(python3 -c 'import json
-from beamc.codegen.emitters import ATTENTION_WGMMA_TILES
-a = dict(MIRROR=True, **ATTENTION_WGMMA_TILES)
-print(json.dumps([a, dict(a, WG_PINGPONG=True)]))')"
+      --cases full:f8e4m3:100000 --tiles "$(pingpong_tiles)"
     tests t-pingpong 90 tests/gpu/test_kernels_attention_prefill_gpu.py -k "pingpong and full-long-100k-False"
     ;;
   s41e)  # (~3 minutes) the 128-row MoE form with SORT_ALONE (now that the sort is cheap): 2,048 / 4,096 tokens
