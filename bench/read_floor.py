@@ -22,16 +22,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
-
-ROOT = Path(__file__).resolve().parents[1]
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes", "y")
 
 # one TP-8 rank's expert at the full spec (H 5120, I 320 a rank): codes H * 2I / 2 + scales H * 2I / 16 (gate_up),
 # codes I * H / 2 + scales I * H / 16 (down), in bytes; both multiples of 16
@@ -118,11 +114,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
     dev = "cpu" if args.dry else "cuda"
-    gu_w, dn_w = GATE_UP_BYTES // 4, DOWN_BYTES // 4
-    expert_words = gu_w + dn_w
     n_exp = 12 if args.dry else args.experts
     scale = 64 if args.dry else 1  # (--dry: every span 1/64 as long)
-    gu_w, dn_w = gu_w // scale, dn_w // scale
+    gu_w, dn_w = GATE_UP_BYTES // 4 // scale, DOWN_BYTES // 4 // scale
     expert_words = gu_w + dn_w
     g = torch.Generator().manual_seed(0)
     w = torch.randint(-2**31, 2**31 - 1, (n_exp * expert_words,), dtype=torch.int32, generator=g).to(dev)
