@@ -64,6 +64,8 @@ ODD_QK = dict(HQ=6, HKV=3, HEAD_DIM=64, EPS=1e-5, NORM_OFFSET=1.0, THETA=1e6, LE
 ODD_WINDOW = 5
 # An odd router: K not a multiple of the chunk, experts / groups / top-k no powers of 2, no renormalisation.
 ODD_ROUTER = dict(H=320, E=24, N_GROUP=3, TOPK_GROUP=2, TOP_K=3, RENORMALIZE=False, EPS=1e-20)
+# one expert from one group of four (top_k 1, topk_group 1: widths tl.topk cannot take, padded to 2 by the template)
+K1_ROUTER = dict(H=96, E=16, N_GROUP=4, TOPK_GROUP=1, TOP_K=1, RENORMALIZE=True, EPS=1e-20)
 
 
 def odd_qk_constants(mode: str, dtype: str = "bf16", cache: str = "bf16", page: int | None = None) -> dict:
@@ -356,6 +358,7 @@ def test_qk_fp8_cache_interpreted(interpreted):
 # ---------------------------------------------------------------- moe_router
 ROUTER_CASES = [(spec, path, T) for spec in ("tiny", "odd") for path, Ts in (("small", (1, 5, 37)), ("large", (1, 70)))
                 for T in Ts] + [("odd-bk128", "large", 70)]  # (K steps of 128 over H 320: the masked last step)
+ROUTER_CASES += [("k1", "small", 1), ("k1", "small", 5), ("k1", "large", 70)]
 ROUTER_PDL_CASES = [("odd", "small", 5), ("odd", "large", 70)]
 ROUTER_ONE_LAUNCH_CASES = [("tiny", "small", 1), ("odd", "small", 1)]  # ONE_LAUNCH on (off by default)
 # TF32X2 (large path, bf16 x; the default there): W split by hand into two TF32 parts, two MMAs a step
@@ -376,7 +379,8 @@ def check_router(spec_name, path, T, tiny, kdir, pdl: bool = False, one_launch: 
                  bf16x3: bool = False, split_k: bool = False, block_m: int = 1) -> dict:
     # (TF32X2 and BF16X3 are 16-bit-x renders; the interpreter's dot is fp32 either way)
     dtype = "bf16" if tf32x2 or bf16x3 else "f32"
-    c = router_constants(tiny, path, dtype) if spec_name == "tiny" else dict(ODD_ROUTER, DTYPE=dtype, PATH=path)
+    c = (router_constants(tiny, path, dtype) if spec_name == "tiny" else
+         dict(K1_ROUTER if spec_name == "k1" else ODD_ROUTER, DTYPE=dtype, PATH=path))
     if tf32x2:
         c.update(TF32X2=True, BF16X3=False, PDL=False)
     if bf16x3:
@@ -539,6 +543,10 @@ def _variants() -> list[tuple[str, str, dict]]:
             # T = 1: the small path's one launch (the last program to finish selects; an option, off by default)
             out.append((f"moe_router[{name},small,T1{tag}]", "moe_router",
                         {**router_constants(spec, "small"), **extra, "ONE_LAUNCH": True, "_T": 1}))
+        if name == "tiny":  # one expert of one group (top_k 1, topk_group 1): the selection's binaries compile
+            for path in ("small", "large"):
+                out.append((f"moe_router[k1,{path},select]", "moe_router",
+                            {**K1_ROUTER, "DTYPE": "bf16", "PATH": path, "_OPTS": 1}))
         if name == "full-tp8":  # SELECT_SORT=False (the iterative selection; the default sorts): both paths' binaries
             for path in ("small", "large"):
                 out.append((f"moe_router[{name},{path},select,iterative]", "moe_router",
@@ -638,8 +646,8 @@ def test_aot_compile_every_variant(tmp_path):
             # of W); the large path's stage 0 reads W (or its parts, the split's output) step by step with x
             if not (r["router"] and r["router_path"] == "large" and r["stage"] is None):
                 assert max(r["loads_before_wait"]) > 0, r
-    assert len(results) == 2 * len(_variants()) == 98
-    assert sum(r["pdl"] for r in results) == 72
+    assert len(results) == 2 * len(_variants()) == 102
+    assert sum(r["pdl"] for r in results) == 76
     # the router's launcher: its first launch with OPTIONS (4 warps), the selection with OPTIONS_SELECT (1 warp)
     assert {r["options"]["num_warps"] for r in results if r["router"] and ",select" in r["label"]} == {1}
     assert {r["stage"] for r in results if r["router"] and ",select" in r["label"]} == {1}
