@@ -31,6 +31,11 @@ VARIANTS = {
                                             "full_attention", "sliding_attention", "sliding_attention",
                                             "full_attention", "sliding_attention"],
                        "layers.mlp": ["sparse", "dense", "sparse", "dense", "sparse", "sparse", "dense", "sparse"]},
+    # one expert a token from one group of four (widths a bitonic top-k cannot take: found by a random-spec sweep),
+    # unquantized bf16 experts, the residual's other depth scales
+    "top1-one-group-bf16-experts": {"mlp.moe.top_k": 1, "mlp.moe.topk_group": 1, "mlp.moe.n_group": 4,
+                                    "dtypes.experts": "bfloat16", "residual.attn_n.extra": 1,
+                                    "mlp.moe.routed_scaling": 1.0},
     # (1 + w) norm weights, the window not counting the current token, 12 experts in 3 groups, top-3, no renorm
     "gemma-norms-odd-router": {"norm.weight_form": "1+w", "attention.sliding.window_includes_current": False,
                                "mlp.moe.num_experts": 12, "mlp.moe.n_group": 3, "mlp.moe.topk_group": 2,
