@@ -114,6 +114,21 @@ def test_manifest_records_the_experts_relayout(tiny_spec_bf16):
                            nvfp4_relayout=True).manifest()["load_transforms"] == {}
 
 
+def test_an_f16_model_on_sm100_dequantises_its_moe_prefill_in_the_k_loop(tiny_spec):
+    """sm100's native NVFP4 MMAs (tl.dot_scaled) are given bf16 activations only: an f16 model's MoE prefill kernel
+    dequantises in the K loop (as on sm90) and compiles for sm_100a (with NATIVE_FP4 it did not: "Unexpected dtype
+    for bf16. Got fp16"; found by a random-spec sweep), and its experts are then re-laid out at load."""
+    from conftest import spec_variant
+
+    for act, native in (("float16", False), ("bfloat16", True)):
+        pkg = compile_package(spec_variant(tiny_spec, {"dtypes.activations": act}), target="sm100", passes=ALL)
+        moes = [k for k in pkg.kernels.values() if k.template == "moe_nvfp4_prefill"]
+        assert moes and all(bool(k.constants.get("NATIVE_FP4")) == native for k in moes), act
+        assert bool(pkg.manifest()["load_transforms"]) == (not native), act
+        if not native:
+            assert all(_aot((k.name, k.source(), 100))[2] > 0 for k in moes)
+
+
 def test_an_op_without_emitter_is_a_compile_error_naming_op_and_layer(monkeypatch):
     from beamc.codegen.registry import EMITTERS
 

@@ -166,6 +166,12 @@ CASES = {
     "ring-w20-fp8-mirror-tma-gate-order": (constants(4, 2, 32, 20, None, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=8,
                                                      TMA=True, GATE=True, TILE_ORDER=True, PLAN_TILES=4, **SMALL),
                                            [(1, 40, 70), (0, 3, 5), (3, 100, 17)], True),
+    # head dims that are not a power of 2 >= 16 (8, 24, 40): tiles D_P wide, the padding columns masked (loaded as 0,
+    # never stored); with the gate, and in the mirror (the same bits as without it)
+    "ring-w5-d24-gate": (constants(4, 2, 24, 5, None, "f32", "f32", GATE=True, **SMALL), RAGGED, True),
+    "ring-w5-d8": (constants(4, 2, 8, 5, None, "f32", "f32", **SMALL), RAGGED, False),
+    "paged4-full-fp8-d40-mirror": (constants(6, 3, 40, 0, 4, "f32", "f8e4m3", MIRROR=True, MIRROR_PAGES=64, **SMALL),
+                                   [(1, 45, 11), (0, 0, 9), (2, 7, 1)], False),
 }
 # a block table of 40 rows (the runtime's max_batch + 1), 3 of them with tokens: the plan's per-slot reduction (a row of
 # 32 tokens of one slot: one atomic; the rest one a token) and the copy's search over the slots' run starts, with room
@@ -319,8 +325,15 @@ def _jobs() -> list[tuple[str, dict, int]]:
                                                                    GATE=True, F16_DOT=True,
                                                                    **ATTENTION_SLIDING_PREFILL_TILES), arch)
             for arch in (90, 100)]
+    # head dims padded to a power of 2 (96 -> 128, 80 -> 128): the sliding step render over an fp8 ring (Q16_OUT
+    # writes q's fp16 tile through the output rows: masked to the real columns) and a full layer's mirrored pass
+    pad = [("d96,sliding,f8e4m3,gate,f16-dot,step-tile", dict(constants(6, 1, 96, 512, None, "bf16", "f8e4m3"),
+                                                              GATE=True, F16_DOT=True,
+                                                              **ATTENTION_SLIDING_PREFILL_TILES), 90),
+           ("d80,full,f8e4m3,gate,mirror", dict(constants(6, 1, 80, 0, 16, "bf16", "f8e4m3"), GATE=True,
+                                                MIRROR=True), 100)]
     return [(label, c, arch) for label, c in variants for arch in (90, 100)] + mirror + tma + wgmma + ring + order + \
-        step
+        step + pad
 
 
 def _compile(args) -> dict:
@@ -364,7 +377,7 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["waits"] == 1, r
         if r["arch"] == 90 and r["stage"] == 2 and "f8e4m3" in r["label"]:  # wgmma operands: fp16 only with F16_DOT
             assert r["wgmma_dtypes"] == (["f16"] if r["f16_dot"] else ["bf16"]), r
-    assert len(results) == 35
+    assert len(results) == 37
 
 
 # ---------------------------------------------------------------- 3. the contract

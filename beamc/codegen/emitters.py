@@ -405,8 +405,10 @@ def _moe_experts(node: Node, g: Graph, ctx: Context, combine: dict | None = None
     small = kernel(node, "moe_nvfp4_decode", ctx, **dims) if decodes else None
     ksplit = small.kernel.constants.get("KSPLIT", 4) if small else 4
     relay = {"RELAYOUT_KSPLIT": ksplit} if ksplit != 4 else {}
+    # (sm100's native NVFP4 MMAs for bf16 activations only: tl.dot_scaled is given bf16 x; an f16 model's MoE
+    # dequantises in the K loop, as on sm90)
     large = kernel(node, "moe_nvfp4_prefill", ctx, **dims, **relay,
-                   **({"NATIVE_FP4": True} if ctx.target == "sm100" else {}))
+                   **({"NATIVE_FP4": True} if ctx.target == "sm100" and ctx.dtype == "bf16" else {}))
     out = [large]
     # (sm100's native NVFP4 MMAs read the packed weights as they are; a pinned WGMMA render (`--set
     # moe_nvfp4_prefill.WGMMA=...`, either way) takes every prefill size: no other renders beside it)

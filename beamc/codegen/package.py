@@ -97,8 +97,8 @@ class Package:
         """The MoE layers whose six NVFP4 expert params the runtime re-lays out at load time (`moe_nvfp4_decode`'s
         `relayout`: codes int32 [E, N, K/8], block scales uint8 [E, N, K/16], global scales unchanged): those read by
         a `moe_nvfp4_decode` launch (its fast path) and otherwise only by launches that read that layout too
-        (`moe_nvfp4_decode`, `moe_nvfp4_prefill` without NATIVE_FP4), in every step. Not on sm100, whose prefill
-        path (NATIVE_FP4, tl.dot_scaled) reads the ModelOpt bytes, nor where no decode kernel is emitted. One entry
+        (`moe_nvfp4_decode`, `moe_nvfp4_prefill` without NATIVE_FP4), in every step. Not on sm100 for a bf16 model,
+        whose prefill path (NATIVE_FP4, tl.dot_scaled) reads the ModelOpt bytes, nor where no decode kernel is emitted. One entry
         per layer: {"layer", "params" (the six names, IR order), "kernel" (the decode kernel whose module's
         `relayout` transforms them)}."""
         if not self.nvfp4_relayout:
