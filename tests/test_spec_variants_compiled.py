@@ -36,6 +36,8 @@ VARIANTS = {
     "top1-one-group-bf16-experts": {"mlp.moe.top_k": 1, "mlp.moe.topk_group": 1, "mlp.moe.n_group": 4,
                                     "dtypes.experts": "bfloat16", "residual.attn_n.extra": 1,
                                     "mlp.moe.routed_scaling": 1.0},
+    # a head dim that is not a power of 2 (the prefill attention's tiles padded to 32, masked), 3 query heads a KV head
+    "hd24": {"attention.head_dim": 24, "attention.sliding.rope.rotary_dim": 24, "attention.num_heads": 6},
     # (1 + w) norm weights, the window not counting the current token, 12 experts in 3 groups, top-3, no renorm
     "gemma-norms-odd-router": {"norm.weight_form": "1+w", "attention.sliding.window_includes_current": False,
                                "mlp.moe.num_experts": 12, "mlp.moe.n_group": 3, "mlp.moe.topk_group": 2,
