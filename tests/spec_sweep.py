@@ -6,6 +6,8 @@ configurations it does not see). Not a pytest module (minutes per run); a line p
     python tests/spec_sweep.py runtime --seed 1 --count 10 [--odd]    # small specs: `beamc logits --backend compiled`
                                                                       # (fp32 kernels, Triton's interpreter) against
                                                                       # the interpreter backend, within 1e-5
+    python tests/spec_sweep.py runtime --seed 1 --count 10 --tp 2     # the interpreter backend at TP 2 (simulated
+                                                                      # ranks) against itself at TP 1
 `--odd`: head dims, widths and vocabularies that are not powers of 2. A spec that the schema or the TP split refuses
 is reported as such (one clear error: not a failure). Found so far (forty-fifth session, each fixed with a test): the
 router at top_k 1 / topk_group 1, non-power-of-2 head dims in the prefill attention, f16 models' MoE on sm100.
@@ -92,8 +94,10 @@ def aot(spec, rng: random.Random, arch: int, seen: set) -> str:
     return f"tp {tp}, {len(pkg.kernels)} kernels: " + ("ok" if not bad else "FAILED " + " | ".join(bad))
 
 
-def runtime(spec, rng: random.Random, seed: int) -> str:
-    """`beamc logits` with both backends on a random checkpoint, a ragged prefill and two decode steps."""
+def runtime(spec, rng: random.Random, seed: int, tp: int = 1) -> str:
+    """`beamc logits` with both backends on a random checkpoint, a ragged prefill and two decode steps; with tp > 1
+    (where the heads and the NVFP4 groups allow it) the interpreter backend at TP tp (ranks simulated in one process:
+    the IR's per-rank lowering) against itself at TP 1 instead."""
     import torch
     from safetensors.torch import load_file
 
@@ -107,22 +111,28 @@ def runtime(spec, rng: random.Random, seed: int) -> str:
     (d / "b.json").write_text(json.dumps({"sequences": seqs, "decode_steps": 2}))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = {}
-    for backend in ("interpreter", "compiled"):
+    m = spec.mlp.moe
+    if spec.attention.num_heads % tp or (spec.dtypes.experts == "nvfp4" and (m.d_ff // tp) % 16) or m.d_ff % tp:
+        tp = 1
+    runs = [("interpreter", 1), ("compiled", 1)] if tp == 1 else [("interpreter", 1), ("interpreter", tp)]
+    for backend, t in runs:
         p = subprocess.run([sys.executable, "-m", "beamc.cli", "logits", str(d / "spec.yaml"), "--checkpoint",
                             str(d / "ckpt"), "--input", str(d / "b.json"), "--passes", "all", "-o",
-                            str(d / f"{backend}.st"), "--backend", backend],
+                            str(d / f"{backend}{t}.st"), "--backend", backend, "--tp", str(t)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if p.returncode:
-            return f"FAILED ({backend}): {p.stderr[-1500:]}"
-        out[backend] = load_file(d / f"{backend}.st")
+            return f"FAILED ({backend}, tp {t}): {p.stderr[-1500:]}"
+        out[(backend, t)] = load_file(d / f"{backend}{t}.st")
     worst, tokens = 0.0, True
-    for k, want in out["interpreter"].items():
-        got = out["compiled"][k]
+    want_all, got_all = out[runs[0]], out[runs[1]]
+    for k, want in want_all.items():
+        got = got_all[k]
         if "tokens" in k:
             tokens &= bool(torch.equal(got, want))
         else:
             worst = max(worst, ((got.float() - want.float()).abs().max() / want.float().abs().max()).item())
-    return "ok" if worst < 1e-5 and tokens else f"FAILED: logits {worst:.2e} apart, tokens equal: {tokens}"
+    return (f"tp {tp}: " if tp > 1 else "") + (
+        "ok" if worst < 1e-5 and tokens else f"FAILED: logits {worst:.2e} apart, tokens equal: {tokens}")
 
 
 def main(argv=None) -> int:
@@ -132,6 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--arch", type=int, choices=(90, 100), default=90, help="aot: the target")
     ap.add_argument("--odd", action="store_true", help="runtime: widths that are not powers of 2")
+    ap.add_argument("--tp", type=int, default=1, help="runtime: the interpreter at this TP against TP 1 instead")
     args = ap.parse_args(argv)
     from conftest import spec_variant
 
@@ -149,7 +160,7 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - a refused spec: its message is the check
             print(i, "refused:", str(e)[:200], flush=True)
             continue
-        r = aot(spec, rng, args.arch, seen) if args.mode == "aot" else runtime(spec, rng, args.seed * 1000 + i)
+        r = aot(spec, rng, args.arch, seen) if args.mode == "aot" else runtime(spec, rng, args.seed * 1000 + i, args.tp)
         failed += r.startswith("FAILED") or "FAILED" in r
         print(i, f"{time.time() - t0:.0f}s", r, json.dumps(changes) if "FAILED" in r else "", flush=True)
     return 1 if failed else 0
