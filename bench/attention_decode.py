@@ -336,6 +336,7 @@ def main() -> int:
         doc = dict(date=date, command="python bench/attention_decode.py " + " ".join(sys.argv[1:]),
                    device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", records=recs)
         path = Path(a.out) / f"attention-decode-sweep-{date}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)  # (s46run1 lost its sweep's JSON to a missing folder)
         path.write_text(json.dumps(doc, indent=1, default=str))
         print(f"wrote {path}")
     return 0

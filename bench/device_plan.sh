@@ -39,6 +39,8 @@
 #                                            # timings and 3 of COMBINE's GPU cases (~9.5 minutes)
 #   bash bench/device_plan.sh s44b           # TMA_KV (decode attention's pages by TMA boxes): sweep, GPU cases, the step
 #   bash bench/device_plan.sh s44c           # the three deciding timings in one call: COMBINE, WG_PINGPONG, TMA_KV (+ read floor)
+#   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
+#   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
 #   bash bench/device_plan.sh s44d           # the prefill step with COMBINE / WG_PINGPONG; WG_PINGPONG's GPU cases
 #   bash bench/device_plan.sh s44e           # the decode step with TMA_KV; TMA_KV's and COMBINE's GPU cases
 #   bash bench/device_plan.sh s44f           # s44c cut to ~6.5 minutes (no read floor, 3 TMA configs)
@@ -106,7 +108,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s46a, s46b, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -390,6 +392,19 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step attn-tma 170 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
       --configs default,tma,tma10,tma12,tma/bn128,tma/pages,tma10/pages
     step read-floor 50 python3 bench/read_floor.py --out "$OUT/floor"
+    ;;
+  s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
+    # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the
+    # interpreter; then the whole step's profile by op (the first since s41run5)
+    tests t-defaults 260 tests/gpu/test_kernels_moe_prefill_gpu.py tests/gpu/test_runtime_gpu.py -k \
+      "rank_sort_same_rows or emitters_forms_replay or prefill_with_the_wgmma_moe or fp32_compiled_equals"
+    step profile 200 python3 bench/full_model.py --out "$OUT/r" --profile all
+    ;;
+  s46a)  # (~8.5 minutes) COMBINE's GPU cases (bitwise against the route before), then the prefill step (8 x 2,048
+    # over 100K) with COMBINE in the 256-row form beside the default (s46run1: the MoE alone 3,189 against 3,299 us)
+    tests t-combine 200 tests/gpu/test_kernels_moe_prefill_gpu.py -k "combine_gives"
+    step variants-prefill 300 python3 bench/variants.py --out "$OUT/r" --prefill --once --reps 3 --tag=-s46-prefill \
+      --variant combine=form.bm256.COMBINE=true
     ;;
   s44d)  # (~9.5 minutes) the prefill step (8 x 2,048 over 100K) with COMBINE in the 256-row form and with
     # WG_PINGPONG in the full layers' attention, each beside the default; then WG_PINGPONG's GPU cases

@@ -43,12 +43,12 @@ _WSTEPS4 = dict(WG_WDEPTH=1, WG_WDEPTH4=2, WG_WSTEPS=4)
 # the emitter's forms (`emitters.MOE_WGMMA_FORMS`) as they stand, and with stage 2's ranks from comparison tiles
 # (RANK_SORT=False: the template's default before s41, when s41run1-2 ran these as "RANK_SORT" beside the default
 # then; the sort alone: bench/moe_sort.py), the form a second time after it (the drift between the two)
-from beamc.codegen.emitters import MOE_WGMMA_FORMS as _FORMS  # noqa: E402
+from beamc.codegen.emitters import moe_wgmma_form  # noqa: E402
 
 
 def _form_variants(tag: str, names: tuple, extras: tuple) -> tuple:
     """The emitter's forms `names`, each with every (label, constants) of `extras`, re-laid-out weights."""
-    return tuple((f"moe_nvfp4_prefill emitter {name}{label} ({tag})", dict(_FORMS[name], **extra), True)
+    return tuple((f"moe_nvfp4_prefill emitter {name}{label} ({tag})", dict(moe_wgmma_form(name), **extra), True)
                  for name in names for label, extra in extras)
 
 
@@ -420,7 +420,7 @@ def bench_combine(graph_time, copy_bw: float | None = None, device: str = "cuda"
 
     import triton
 
-    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+    from beamc.codegen.emitters import moe_wgmma_form
     from profile_step import launch_medians  # bench/profile_step.py
     from test_kernels_moe import distinct_idx, moe_constants, nvfp4_experts
 
@@ -435,7 +435,7 @@ def bench_combine(graph_time, copy_bw: float | None = None, device: str = "cuda"
     w = torch.rand(tokens, k, generator=g).to(device)
     P = tokens * k
     flops = 2 * P * 3 * H * I
-    form = MOE_WGMMA_FORMS[name]
+    form = moe_wgmma_form(name)  # (COMBINE is added below, beside the route before it)
     plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, **form)), kdir)
     comb = load_kernel(KernelSpec("moe_combine", "boundary", dict(DTYPE="bf16", H=H, TOP_K=k, ROUTED_SCALE=2.5)), kdir)
     y = torch.empty(tokens, k, H, dtype=torch.bfloat16, device=device)

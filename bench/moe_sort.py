@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from beamc.codegen.emitters import MOE_WGMMA_FORMS  # noqa: E402
+from beamc.codegen.emitters import moe_wgmma_form  # noqa: E402
 from beamc.codegen.kernel import KernelSpec, load_kernel  # noqa: E402
 from beamc.spec import load_spec  # noqa: E402
 
@@ -80,7 +80,7 @@ def main() -> int:
             rec = dict(tokens=tokens, form=form, variant=label, extra=extra)
             try:
                 mod = load_kernel(KernelSpec("moe_nvfp4_prefill", "moe_experts",
-                                             dict(c, **dict(MOE_WGMMA_FORMS[form], **extra))), kdir)
+                                             dict(c, **dict(moe_wgmma_form(form), **extra))), kdir)
                 scratch = torch.full((mod.scratch_numel(tokens),), float("nan"), dtype=torch.bfloat16, device="cuda")
                 sort = lambda st: (lambda: mod.launch_stages(st, x, idx, *params, y, scratch))  # noqa: E731
                 sort((0, 1, 2))()

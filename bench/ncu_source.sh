@@ -40,8 +40,8 @@ for what in "${@:-qkn moe router}"; do
       router) prof router-prefill-16k 2 python3 bench/router_prefill.py --ncu --tokens 16384 ;;
       moe-wgmma) kre='^wg_kernel$' prof moe-wgmma-16k 2 \
                    python3 bench/moe_prefill.py --tokens 16384 --ncu "$(python3 -c 'import json
-from beamc.codegen.emitters import MOE_WGMMA_FORMS
-print(json.dumps(MOE_WGMMA_FORMS["bm256"]))')" ;;  # (the emitter's 256-row form as it is now)
+from beamc.codegen.emitters import moe_wgmma_form
+print(json.dumps(moe_wgmma_form("bm256")))')" ;;  # (the emitter's 256-row form as it is now, its GEMM stages)
       attn-wgmma) kre='^wg_attention$' prof attn-wgmma-100k 1 python3 bench/attention_prefill.py --out /tmp/ncu-x \
                     --tiles "[$(python3 -c 'import json
 from beamc.codegen.emitters import ATTENTION_WGMMA_TILES

@@ -165,6 +165,10 @@ FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-combine"] = dict(
 FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-combine-noytma"] = dict(
     FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-combine"], WG_YTMA=False)
 FORMS["acopy-hres-wsteps2-v16-half-aq-combine"] = dict(FORMS["acopy-hres-wsteps2-v16-half-aq"], COMBINE=True)
+# ... the emitter's 256-row form as the combine_experts pass renders it (COMBINE with SORT_ALONE: compiled as above)
+SORT_FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort-combine"] = FORMS[
+    "bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort-combine"] = dict(
+    FORMS["bm256-wsteps2-v16-half-load4-acopy-wtma-atma4-dstore-sort"], COMBINE=True, ROUTED_SCALE=2.5)
 
 
 def _constants(shape: str, **extra) -> dict:
@@ -590,4 +594,7 @@ def test_the_emitters_forms_are_forms_tested_here():
     tested = list(FORMS.values())
     for name, form in MOE_WGMMA_FORMS.items():
         form = {k: v for k, v in form.items() if k != "WGMMA" and (k, v) != ("BLOCK_M", 128)}  # (the defaults)
-        assert form in tested, (name, form)
+        plain = {k: v for k, v in form.items() if k != "COMBINE"}  # (the route without the combine_experts pass)
+        assert plain in tested, (name, plain)
+        if form.get("COMBINE"):  # (as the pass renders it: the node's routed scale, Beam's 2.5 in these forms)
+            assert dict(plain, COMBINE=True, ROUTED_SCALE=2.5) in tested, (name, form)

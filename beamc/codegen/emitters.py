@@ -335,7 +335,10 @@ MOE_WGMMA_FORMS = {
     "bm256": dict(WGMMA=True, BLOCK_M=256, WG_STAGES=3, WG_WDEPTH=2, WG_WSTEPS=2, WG_V16=True, WG_HALF=True,
                   WG_LOAD_WARPS=4, WG_LOAD_REGS=64, WG_LOAD_WARPS4=4, WG_LOAD_REGS4=96, WG_WTMA=True,
                   WG_ACOPY=True, WG_ACOPY_REGS=40, WG_A32=True, WG_ACOPY4=False, WG_ATMA=True, WG_DSTORE=True,
-                  SORT_ALONE=True)}
+                  SORT_ALONE=True, COMBINE=True)}
+# (s46run1-2, H100: COMBINE, under the combine_experts pass, y in the sort's order and the top-k combine as the
+# module's own last launch: the MoE at 16,384 tokens 3,299 -> 3,189 us with its combine, bitwise; the prefill step
+# 355.72 -> 351.75 ms, logits bitwise; its 8 GPU cases pass. Without the pass the form renders without it.)
 # the 128-row form's WG_HRES keeps a row block's h (128 x I bf16) resident in stage 4's shared memory: beside its ring
 # that fits up to I / 64 = 6 K steps (the template's WG_SMEM4: 16 KB a step + 121 KB, within 227 KB); above (TP < 8
 # of the full spec: I 640 .. 2,560) the form runs without it
@@ -448,6 +451,12 @@ def _moe_experts(node: Node, g: Graph, ctx: Context, combine: dict | None = None
             dataclasses.replace(out[0], min_tokens=MOE_DECODE_MAX_TOKENS + 1)] + out[1:]
 
 
+def moe_wgmma_form(name: str) -> dict:
+    """The WGMMA form `name` (MOE_WGMMA_FORMS) as the experts-then-moe_combine route renders it: without COMBINE (a
+    COMBINE render also takes the routing weights, out and the routed scale: the combine_experts pass's node)."""
+    return _combine_form(MOE_WGMMA_FORMS[name], None)
+
+
 def _combine_form(form: dict, combine: dict | None) -> dict:
     """A WGMMA form as rendered: with COMBINE (and the routed scale) where the form asks for it and the node is the
     combine_experts pass's (`combine`), else without."""
@@ -477,7 +486,7 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     default MOE_COMBINE_MAX_TOKENS; at most the decode kernel's range) the decode kernel's COMBINE render (the combine
     in its down GEMM's epilogue); above, the experts' launches as without the pass into a scratch buffer
     [T, top_k, H], then the `moe_combine` kernel (what the boundary ran before the pass), except for the prefill
-    forms that hold COMBINE (MOE_WGMMA_FORMS; off until measured): their render writes y in the sort's order and
+    forms that hold COMBINE (MOE_WGMMA_FORMS: the 256-row form since s46): their render writes y in the sort's order and
     combines it itself (their launch takes the routing weights and out after y)."""
     a = node.attrs
     *ins, w = node.inputs

@@ -523,10 +523,10 @@ def test_the_emitters_forms_replay_bitwise(tmp_path_factory):
     """The emitter's WGMMA forms as they are now (emitters.MOE_WGMMA_FORMS: the 256-row form's TMA rows, A partition
     and deferred stores) captured once and replayed with new x and idx at 16,384 tokens: the same bits as direct
     launches."""
-    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+    from beamc.codegen.emitters import MOE_WGMMA_FORMS, moe_wgmma_form
 
-    for name, form in MOE_WGMMA_FORMS.items():
-        _replays_equal_direct_launches(_module("tp8", tmp_path_factory, **form), _relaid("tp8", tmp_path_factory),
+    for name in MOE_WGMMA_FORMS:
+        _replays_equal_direct_launches(_module("tp8", tmp_path_factory, **moe_wgmma_form(name)), _relaid("tp8", tmp_path_factory),
                                        16384, 31, ((32, "distinct"), (33, "few")), check_ref=False)
     SUMMARY["moe_nvfp4_prefill"].append(dict(emitter_forms_replay="bitwise equal to direct launches", M=16384,
                                              forms=sorted(MOE_WGMMA_FORMS)))
@@ -548,11 +548,11 @@ def test_rank_sort_same_rows(shape, M, kind, form, tmp_path_factory):
     alone (`launch_stages((0, 1, 2), ...)`: no GEMM): the scratch's sort (prefix, starts, counts, the block map, the
     sorted rows) bit for bit, and the y rows of bad ids (zeroed by stage 2) with the rest of y still poison; the
     rows against a stable torch argsort (`check_sort`). Also eager against a CUDA graph replay of the same launch."""
-    from beamc.codegen.emitters import MOE_WGMMA_FORMS
+    from beamc.codegen.emitters import moe_wgmma_form
     from test_kernels_moe_prefill import check_sort
 
-    base = _module(shape, tmp_path_factory, **MOE_WGMMA_FORMS[form], RANK_SORT=False)
-    mod = _module(shape, tmp_path_factory, **MOE_WGMMA_FORMS[form])
+    base = _module(shape, tmp_path_factory, **moe_wgmma_form(form), RANK_SORT=False)
+    mod = _module(shape, tmp_path_factory, **moe_wgmma_form(form))
     assert mod.RANK_SORT and not base.RANK_SORT
     relaid = _relaid(shape, tmp_path_factory)
     g = torch.Generator().manual_seed(M + 7 * len(kind))
@@ -593,10 +593,10 @@ def test_rank_sort_same_rows(shape, M, kind, form, tmp_path_factory):
 def _combine_form(shape: str, form: str) -> dict:
     """The emitter's WGMMA form `form` ("bm256" / "bm128", "-noytma": WG_YTMA off) for a shape, as `_moe_experts`
     renders it (WG_WTMA where the shapes take it)."""
-    from beamc.codegen.emitters import MOE_WGMMA_FORMS, wtma_shapes
+    from beamc.codegen.emitters import moe_wgmma_form, wtma_shapes
 
     c = _constants(shape)
-    f = dict(MOE_WGMMA_FORMS[form.split("-")[0]])
+    f = moe_wgmma_form(form.split("-")[0])
     if not wtma_shapes(c["H"], c["I"]):
         f.pop("WG_WTMA", None)
     return dict(f, WG_YTMA=False) if form.endswith("-noytma") else f

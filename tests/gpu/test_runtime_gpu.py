@@ -346,10 +346,10 @@ def test_prefill_with_the_wgmma_moe(form, tiny_spec, tiny_ckpt_nvfp4, tmp_path_f
     ragged prefill of 4 sequences (250 tokens): graph replay equal to eager bit for bit; then teacher-forced on the
     bf16 interpreter's greedy tokens for 16 decode steps, the package tracks it as the default package does (mean
     |delta logprob| < MAX_MEAN_DLOGPROB, or within 1.5x the default package's)."""
-    from beamc.codegen.emitters import MOE_WGMMA_FORMS, wtma_shapes
+    from beamc.codegen.emitters import moe_wgmma_form, wtma_shapes
     from test_kernels_moe import moe_constants
 
-    pin = {"WGMMA": True} if form == "plain" else dict(MOE_WGMMA_FORMS[form])
+    pin = {"WGMMA": True} if form == "plain" else moe_wgmma_form(form)  # (a pin is every render's: no COMBINE)
     c = moe_constants(tiny_spec, 1)
     if not wtma_shapes(c["H"], c["I"]):  # (as the emitter does: the tiny spec's relayout chunks are too short for it)
         pin.pop("WG_WTMA", None)
