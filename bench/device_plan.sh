@@ -41,6 +41,8 @@
 #   bash bench/device_plan.sh s44c           # the three deciding timings in one call: COMBINE, WG_PINGPONG, TMA_KV (+ read floor)
 #   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
 #   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
+#   bash bench/device_plan.sh s46c           # the sliding layers' decode key blocks of 64 / 128 in the decode step
+#   bash bench/device_plan.sh s46d           # s46c cut to blocks of 64 only (~4.5 minutes)
 #   bash bench/device_plan.sh s44d           # the prefill step with COMBINE / WG_PINGPONG; WG_PINGPONG's GPU cases
 #   bash bench/device_plan.sh s44e           # the decode step with TMA_KV; TMA_KV's and COMBINE's GPU cases
 #   bash bench/device_plan.sh s44f           # s44c cut to ~6.5 minutes (no read floor, 3 TMA configs)
@@ -108,7 +110,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s46a, s46b, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -399,6 +401,16 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     tests t-defaults 260 tests/gpu/test_kernels_moe_prefill_gpu.py tests/gpu/test_runtime_gpu.py -k \
       "rank_sort_same_rows or emitters_forms_replay or prefill_with_the_wgmma_moe or fp32_compiled_equals"
     step profile 200 python3 bench/full_model.py --out "$OUT/r" --profile all
+    ;;
+  s46c)  # (~6 minutes) the sliding layers' decode key blocks of 64 and 128 (8 / 4 splits of the 512 window: half /
+    # a quarter of the merge's splits; blocks of 16 measured +2.6% in s21, the merge's splits costing more than the
+    # shorter blocks saved) in the decode step, beside the default (32: 16 splits), paired where the card holds two
+    step variants-wbn 420 python3 bench/variants.py --out "$OUT/r" --tag=-s46-wbn --rounds "$((ROUNDS > 2 ? 2 : ROUNDS))" \
+      --variant wbn64=attention_decode.WINDOW_BLOCK_N=64 --variant wbn128=attention_decode.WINDOW_BLOCK_N=128
+    ;;
+  s46d)  # (~4.5 minutes: s46c cut to the device time left) blocks of 64 only
+    step variants-wbn 270 python3 bench/variants.py --out "$OUT/r" --tag=-s46-wbn --rounds "$((ROUNDS > 2 ? 2 : ROUNDS))" \
+      --variant wbn64=attention_decode.WINDOW_BLOCK_N=64
     ;;
   s46a)  # (~8.5 minutes) COMBINE's GPU cases (bitwise against the route before), then the prefill step (8 x 2,048
     # over 100K) with COMBINE in the 256-row form beside the default (s46run1: the MoE alone 3,189 against 3,299 us)
