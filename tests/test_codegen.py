@@ -446,10 +446,11 @@ def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
 
 
 def test_a_wgmma_form_with_combine_combines_in_the_prefill_experts():
-    """A WGMMA form holding COMBINE (emitters.MOE_WGMMA_FORMS: the 256-row form's default since s46): under the combine_experts pass
-    its prefill launches render with COMBINE and the node's routed scale and take the routing weights and out after
-    y (the scratch), and no moe_combine runs at their token counts, while the others keep the experts then
-    moe_combine: at every token count the experts once and the combine once. Without the pass no launch has it."""
+    """A WGMMA form holding COMBINE (emitters.MOE_WGMMA_FORMS: the 256-row form's, the default since s46): under the
+    combine_experts pass its prefill launches render with COMBINE and the node's routed scale and take the routing
+    weights and out after y (the scratch), and no moe_combine runs at their token counts, while the others keep the
+    experts then moe_combine: at every token count the experts once and the combine once. Without the pass no launch
+    has it."""
     import beamc.codegen.emitters as em
 
     full = load_spec(ROOT / "models/beam.yaml")

@@ -526,7 +526,8 @@ def test_the_emitters_forms_replay_bitwise(tmp_path_factory):
     from beamc.codegen.emitters import MOE_WGMMA_FORMS, moe_wgmma_form
 
     for name in MOE_WGMMA_FORMS:
-        _replays_equal_direct_launches(_module("tp8", tmp_path_factory, **moe_wgmma_form(name)), _relaid("tp8", tmp_path_factory),
+        _replays_equal_direct_launches(_module("tp8", tmp_path_factory, **moe_wgmma_form(name)),
+                                       _relaid("tp8", tmp_path_factory),
                                        16384, 31, ((32, "distinct"), (33, "few")), check_ref=False)
     SUMMARY["moe_nvfp4_prefill"].append(dict(emitter_forms_replay="bitwise equal to direct launches", M=16384,
                                              forms=sorted(MOE_WGMMA_FORMS)))
