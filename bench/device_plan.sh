@@ -39,6 +39,8 @@
 #                                            # timings and 3 of COMBINE's GPU cases (~9.5 minutes)
 #   bash bench/device_plan.sh s44b           # TMA_KV (decode attention's pages by TMA boxes): sweep, GPU cases, the step
 #   bash bench/device_plan.sh s44c           # the three deciding timings in one call: COMBINE, WG_PINGPONG, TMA_KV (+ read floor)
+#   bash bench/device_plan.sh s47a           # the runtime's inputs by pinned asynchronous copies: its GPU cases, the API's
+#                                            # host cost against the path before (bench/api_overhead.py)
 #   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
 #   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
 #   bash bench/device_plan.sh s46c           # the sliding layers' decode key blocks of 64 / 128 in the decode step
@@ -110,7 +112,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -394,6 +396,13 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step attn-tma 170 python3 bench/attention_decode.py --out "$OUT/attn-dec" --cases full:f8e4m3:100000 \
       --configs default,tma,tma10,tma12,tma/bn128,tma/pages,tma10/pages
     step read-floor 50 python3 bench/read_floor.py --out "$OUT/floor"
+    ;;
+  s47a)  # (~7 minutes) the runtime's step inputs written to pinned host buffers and copied asynchronously (no
+    # synchronising copy a step; long prefill chunks planned as tensors): the graph-vs-eager ragged decode (10,000
+    # steps, the host now free to run ahead of the GPU), every decode bucket, the fp32 package against the interpreter;
+    # then the API's cost against its graphs' replays, the tree's input path beside the one before, one model
+    tests t-runtime 250 tests/gpu/test_runtime_gpu.py -k "graph_decode_equals or every_decode_bucket or fp32_compiled_equals"
+    step api 240 python3 bench/api_overhead.py --out "$OUT/r"
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the

@@ -64,6 +64,7 @@ def _within(m, snap, sids) -> dict:
 
 
 def _interpreted_main(out: str, spec_yaml: str, ckpt: str) -> None:
+    import beamc.runtime.model as rm
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import select_passes
     from beamc.runtime.model import Model
@@ -90,8 +91,12 @@ def _interpreted_main(out: str, spec_yaml: str, ckpt: str) -> None:
                    prefill_buckets=[4, 8])
     ref = ReferenceSession.from_checkpoint(spec, ckpt, max_seqs=4, max_len=12, max_chunk=8)
     A, B, C, D = _ids(3, 0), _ids(2, 1), _ids(3, 2), _ids(3, 3)
-    close("ragged_prefill", m.prefill(["a", "b", "c"], [A, B, C], all_logits=True),
+    # (long chunks take the tensor path: here chunks of 3 do, of 2 stay lists, and the cache checks run as tensors)
+    long_chunk, small_check = rm.LONG_CHUNK, rm.SMALL_CHECK_TOKENS
+    rm.LONG_CHUNK, rm.SMALL_CHECK_TOKENS = 2, 2
+    close("ragged_prefill", m.prefill(["a", "b", "c"], [A, B, torch.tensor(C, dtype=torch.int32)], all_logits=True),
           ref.prefill([(0, A), (1, B), (2, C)]))
+    rm.LONG_CHUNK, rm.SMALL_CHECK_TOKENS = long_chunk, small_check
     snap = _snapshot(m)
     close("prefill_last_token", m.prefill(["d"], [D]), ref.prefill([(3, D)])[0][-1:])  # 3 tokens + 1 padding
     r["padded_prefill"] = _within(m, snap, ["d"])
@@ -125,6 +130,22 @@ def _interpreted_main(out: str, spec_yaml: str, ckpt: str) -> None:
         "too_many_tokens": lambda: m.prefill(["a", "c"], [[1] * 5, [1] * 5]),
     }.items()}
     r["errors_untouched"] = _changed(m, snap) == (set(), set()) and m.lengths == lengths
+    # the step's inputs as written now and as bench/api_overhead.py's baseline (the path before) wrote them
+    sys.path.insert(0, str(ROOT / "bench"))
+    from api_overhead import legacy_write
+
+    same = []
+    for phase, ids, pos, slots, size in (("prefill", [5, 6, 7], [0, 1, 2], [1, 1, 1], 4),
+                                         ("decode", [9, 8], [3, 4], [0, 2], 4)):
+        for form in (list, lambda x: torch.tensor(x, dtype=torch.int64)):
+            written = []
+            for write in (m._write_inputs, lambda *a: legacy_write(m, *a)):
+                for t in m.inputs[phase].values():
+                    t.fill_(-7)  # poisoned: a row of the bucket left unwritten shows (the graph reads no other)
+                write(phase, form(ids), form(pos), form(slots), [len(ids) - 1], size, 1)
+                written.append({k: t[:1 if k == "logit_rows" else size].clone() for k, t in m.inputs[phase].items()})
+            same.append(all(torch.equal(written[0][k], written[1][k]) for k in written[0]))
+    r["inputs_as_before"] = same
     close("decode_after_errors", m.decode(["e", "a", "c", "d"], [10, 11, 12, 13]),
           ref.decode({1: 10, 0: 11, 2: 12, 3: 13}))
 
@@ -270,6 +291,12 @@ def test_compiled_logits_equal_the_reference_session(interpreted, case):
     assert interpreted[case] < TOL, (case, interpreted[case])
 
 
+def test_step_inputs_are_written_as_before(interpreted):
+    """The pinned-staging input path pads and writes a step's inputs exactly as the synchronous path it replaced
+    (which bench/api_overhead.py keeps as its baseline), from int lists and from tensors, prefill and decode."""
+    assert interpreted["inputs_as_before"] == [True] * 4
+
+
 def test_runs_eagerly_on_cpu_and_reuses_a_released_slot(interpreted):
     assert interpreted["status"] == {"decode": "eager (cpu)", "prefill": "eager (cpu)"}
     assert interpreted["reused_slot"]
@@ -387,6 +414,49 @@ def test_cli_refusals_come_before_any_kernel(argv, message, tmp_path, tiny_ckpt_
 
 
 # ---------------------------------------------------------------- in-process: package checks, buffers, sampling
+def _plan_or_error(table, chunks):
+    try:
+        return table.plan(chunks)
+    except BeamcError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("bad", [None, True, 2.0, 2 ** 70, -1, 512, "x"])
+def test_long_chunks_are_planned_as_tensors_with_the_same_checks(tiny_spec, bad):
+    """A prefill chunk of more than LONG_CHUNK tokens is checked and planned with tensor ops (the host's time of a
+    16K-token step): the same plan as the int-list path, and for every bad token the same error."""
+    from beamc.runtime.kv_cache import SlotTable
+    from beamc.runtime.model import LONG_CHUNK, _token_chunk, _token_list
+
+    n = LONG_CHUNK + 5
+    toks = [(7 * i) % 512 for i in range(n)]
+    if bad is not None:
+        toks[n - 3] = bad
+    table = SlotTable(tiny_spec, 2, 1024, 1024)
+    table.lengths = [5, 0]
+
+    def planned(convert):
+        try:
+            chunks = [(0, convert(toks, "token_ids[0]")), (1, convert([3, 4], "token_ids[1]"))]
+        except BeamcError as e:
+            return str(e)
+        return _plan_or_error(table, chunks)
+
+    fast, slow = planned(_token_chunk), planned(_token_list)
+    if bad is None:
+        assert isinstance(fast["input_ids"], torch.Tensor)
+        assert {k: v.tolist() for k, v in fast.items()} == slow
+        as_tensor = _token_chunk(torch.tensor(toks, dtype=torch.int32), "t")
+        assert as_tensor.dtype == torch.int64 and as_tensor.tolist() == toks
+    else:
+        assert isinstance(slow, str) and fast == slow, (fast, slow)
+    bools = torch.tensor([True] * n)  # stays a list of bools, which the plan refuses
+    assert _token_chunk(bools, "t") == _token_list(bools, "t")
+    assert "token id True outside the vocabulary" in _plan_or_error(table, [(0, _token_chunk(bools, "t"))])
+    with pytest.raises(BeamcError, match="1-D integer tensor"):
+        _token_chunk(torch.ones(n), "t")
+
+
 @pytest.fixture(scope="module")
 def package(tiny_spec, tmp_path_factory) -> Path:
     from beamc.codegen.package import compile_package

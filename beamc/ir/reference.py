@@ -134,7 +134,7 @@ def check_kv_capacity_lists(slot: list[int], pos: list[int], cap: int, window: i
             if p // cap >= width:
                 raise _far_page(s, p, cap, width)
         # the step's table entries in one gather (not the whole table: 100K contexts have thousands of pages a row)
-        entries = block_table[torch.tensor(slot), torch.tensor([p // cap for p in pos])].tolist()
+        entries = block_table.cpu().numpy()[slot, [p // cap for p in pos]].tolist()
         for s, p, page in zip(slot, pos, entries):
             if page < 0 or page >= pages:
                 raise _page_outside(s, p, page, pages)

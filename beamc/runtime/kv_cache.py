@@ -57,17 +57,21 @@ class SlotTable:
         mp = self.pages_per_seq
         return torch.arange(self.max_seqs * mp, dtype=torch.int32, device=device).view(self.max_seqs, mp)
 
-    def plan(self, chunks: list[tuple[int, list[int]]]) -> dict[str, list[int]]:
-        """input_ids, positions and slots of a step appending each chunk to its slot; raises before anything runs."""
+    def plan(self, chunks: list[tuple[int, list[int] | torch.Tensor]]) -> dict[str, list[int] | torch.Tensor]:
+        """input_ids, positions and slots of a step appending each chunk to its slot; raises before anything runs.
+
+        A chunk is a list of ints or a 1-D int64 CPU tensor (a long prefill chunk, checked with tensor ops: the same
+        checks and messages); with any tensor chunk the three outputs are int64 tensors, else int lists."""
         if not chunks:
             raise BeamcError("step", "no sequences given")
         if len({s for s, _ in chunks}) != len(chunks):
             raise BeamcError("step", "a slot appears twice in one step", "give each sequence's tokens once")
         ids, pos, slots = [], [], []
+        as_tensors = any(isinstance(toks, torch.Tensor) for _, toks in chunks)
         for slot, toks in chunks:
             if not isinstance(slot, int) or not 0 <= slot < self.max_seqs:
                 raise BeamcError("slot", f"{slot!r} is outside [0, {self.max_seqs})", "raise max_seqs")
-            if not toks:
+            if not len(toks):
                 raise BeamcError(f"slot {slot}", "empty token list")
             if len(toks) > self.max_chunk:
                 raise BeamcError(f"slot {slot}", f"chunk of {len(toks)} tokens exceeds max_chunk={self.max_chunk}",
@@ -79,13 +83,24 @@ class SlotTable:
                                  f"({self.spec.max_position_embeddings})", "raise max_position_embeddings in the spec")
             if end > self.max_len:
                 raise BeamcError(f"slot {slot}", f"length {end} exceeds max_len={self.max_len}", "raise max_len")
-            bad = [t for t in toks if isinstance(t, bool) or not isinstance(t, int)
-                   or not 0 <= t < self.spec.vocab_size]
+            if isinstance(toks, torch.Tensor):
+                out = ((toks < 0) | (toks >= self.spec.vocab_size)).nonzero()
+                bad = [int(toks[out[0, 0]])] if len(out) else []
+            else:
+                bad = [t for t in toks if isinstance(t, bool) or not isinstance(t, int)
+                       or not 0 <= t < self.spec.vocab_size]
             if bad:
                 raise BeamcError(f"slot {slot}", f"token id {bad[0]!r} outside the vocabulary [0, {self.spec.vocab_size})")
-            ids += toks
-            pos += range(start, end)
-            slots += [slot] * len(toks)
+            if as_tensors:
+                ids.append(toks if isinstance(toks, torch.Tensor) else torch.tensor(toks, dtype=torch.int64))
+                pos.append(torch.arange(start, end, dtype=torch.int64))
+                slots.append(torch.full((len(toks),), slot, dtype=torch.int64))
+            else:
+                ids += toks
+                pos += range(start, end)
+                slots += [slot] * len(toks)
+        if as_tensors:
+            return {"input_ids": torch.cat(ids), "positions": torch.cat(pos), "slots": torch.cat(slots)}
         return {"input_ids": ids, "positions": pos, "slots": slots}
 
     def commit(self, chunks: list[tuple[int, list[int]]]) -> None:

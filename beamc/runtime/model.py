@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Hashable, Sequence
 
+import numpy as np
 import torch
 
 from beamc.errors import BeamcError
@@ -45,6 +47,9 @@ from beamc.runtime.kv_cache import SlotTable, alloc_states
 
 ALIGN = 256  # bytes: every buffer starts on this boundary of the arena
 SMALL_CHECK_TOKENS = 512  # steps of at most this many tokens check their cache writes on int lists (cheaper than torch)
+STAGED_INPUTS = ("input_ids", "positions", "slots", "logit_rows")  # the int64 inputs a step writes from the host
+ONE_COPY_BYTES = 64 << 10  # a phase whose staged inputs take at most this crosses in one copy a step (decode)
+LONG_CHUNK = 256  # a prefill chunk of more tokens is checked and planned as an int64 tensor (cheaper than int lists)
 
 
 def buckets(limit: int, first: int = 1) -> list[int]:
@@ -252,6 +257,17 @@ class _Seq:
     block_table: torch.Tensor | None = None  # caller-supplied pages (int32), None: the slot's own
 
 
+@dataclass
+class _Staging:
+    """A phase's host-side copy of its int64 step inputs (input_ids, positions, slots, logit_rows): pinned on a GPU,
+    so that a step's inputs cross in asynchronous copies with no stream synchronisation; `done` is recorded after
+    those copies, and the host waits for it before it writes the buffers again (a caller may run steps ahead)."""
+    flat: torch.Tensor  # the host buffer (int64; pinned on a GPU), laid out as device_flat
+    device_flat: torch.Tensor  # the device buffer whose views are the phase's staged inputs
+    tensors: dict[str, torch.Tensor]  # input name -> its view of `flat`
+    arrays: dict[str, np.ndarray]  # numpy views of the same memory (a slice assignment from a list runs in C)
+    done: torch.cuda.Event | None
+
 
 SKIP_COLLECTIVES_ENV = "BEAMC_SKIP_COLLECTIVES"  # benchmarks of one rank's share on one GPU (bench/full_model.py)
 
@@ -455,16 +471,25 @@ class Model:
             off += s
         self.arena = torch.empty(off, dtype=torch.uint8, device=self.device)
         self.arena_bytes = off
-        self.inputs = {}
+        self.inputs, self._staging = {}, {}
         for p, g in graphs.items():
-            ins = {}
-            for name, node in g.leaves("input").items():
-                if name == "block_table":
-                    continue
-                ins[name] = torch.zeros(_bind(node.out.shape, self.max_sizes[p]), dtype=torch_dtype(node.out.dtype),
-                                        device=self.device)
+            # the int64 inputs a step writes from the host: views of one buffer, as their host staging is
+            leaves = {n: node for n, node in g.leaves("input").items() if n != "block_table"}
+            staged = [n for n in STAGED_INPUTS if n in leaves]
+            assert all(leaves[n].out.dtype == "i64" for n in staged), "the IR's token inputs are int64"
+            shapes = {n: _bind(node.out.shape, self.max_sizes[p]) for n, node in leaves.items()}
+            flat = torch.zeros(sum(math.prod(shapes[n]) for n in staged), dtype=torch.int64, device=self.device)
+            ins, off = {}, 0
+            for n in staged:
+                ins[n] = flat[off:off + math.prod(shapes[n])].view(shapes[n])
+                off += math.prod(shapes[n])
+            for n, node in leaves.items():
+                if n not in ins:
+                    ins[n] = torch.zeros(shapes[n], dtype=torch_dtype(node.out.dtype), device=self.device)
             self.inputs[p] = ins
+            self._staging[p] = self._new_staging(ins, staged, flat)
         self._views: dict[tuple, dict[str, torch.Tensor]] = {}
+        self._pad_positions = np.arange(max(max_batch, max_prefill_tokens), dtype=np.int64) % self._pad_mod
         self.seqs: dict[Hashable, _Seq] = {}
         # ---- CUDA graphs
         from beamc.runtime.graphs import StepGraphs
@@ -625,7 +650,7 @@ class Model:
         block_tables[i]: the pages of the sequence's full-layer cache (a serving stack's own paging); None keeps
         the last one given, or the slot's own pages. Returns fp32 soft-capped logits: [n_seqs, V] of each chunk's
         last token, or with all_logits a list of [len(chunk), V]."""
-        chunks = [_token_list(t, f"token_ids[{i}]") for i, t in enumerate(_as_list(token_ids, "token_ids"))]
+        chunks = [_token_chunk(t, f"token_ids[{i}]") for i, t in enumerate(_as_list(token_ids, "token_ids"))]
         seq_ids = _as_list(seq_ids, "seq_ids")
         if len(seq_ids) != len(chunks):
             raise BeamcError("prefill", f"{len(seq_ids)} seq_ids but {len(chunks)} token lists")
@@ -913,13 +938,16 @@ class Model:
         from beamc.ir.reference import check_kv_capacity, check_kv_capacity_lists
 
         small = len(pos) <= SMALL_CHECK_TOKENS
-        if not small:
-            slots, pos = torch.tensor(slots, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64)
+        if small and isinstance(pos, torch.Tensor):
+            slots, pos = slots.tolist(), pos.tolist()
+        elif not small:
+            slots, pos = torch.as_tensor(slots, dtype=torch.int64), torch.as_tensor(pos, dtype=torch.int64)
         for cap, window, paged, pool in self._cache_checks:
             (check_kv_capacity_lists if small else check_kv_capacity)(slots, pos, cap, window,
                                                                       table if paged else None, pool)
 
     def _launch(self, phase: str, ids, pos, slots, rows: list[int]) -> torch.Tensor:
+        """Run one step: ids / pos / slots are int lists or int64 CPU tensors (a long prefill's plan)."""
         n, r = len(ids), len(rows)
         if phase == "decode":
             size = bucket_for(n, self.decode_buckets)
@@ -931,20 +959,48 @@ class Model:
         v = self.buffers(phase, sizes)
         key = (phase, size, rb)
         self.graphs.prepare(key, v)  # captures a graph for this bucket (on padding inputs) the first time
-        pad = size - n
-        ins = self.inputs[phase]
-        # padding tokens: id 0, distinct positions, the padding slot (one host tensor per input, one copy each).
-        # These copies (stream operations, not PDL kernels) also order the step after the previous one's kernels:
-        # the decode attention reads the cache rows of earlier steps before its PDL wait (attention_decode EARLY_KV),
-        # which is safe only because a step starts behind such an operation.
-        ins["input_ids"][:size].copy_(torch.tensor(ids + [0] * pad, dtype=torch.int64))
-        ins["positions"][:size].copy_(torch.tensor(pos + [i % self._pad_mod for i in range(pad)], dtype=torch.int64))
-        ins["slots"][:size].copy_(torch.tensor(slots + [self.pad_slot] * pad, dtype=torch.int64))
-        if "logit_rows" in ins:
-            ins["logit_rows"][:rb].copy_(torch.tensor(rows + [0] * (rb - r), dtype=torch.int64))
+        self._write_inputs(phase, ids, pos, slots, rows, size, rb)
         self.graphs.run(key, v)
         out = v[self.bufs[phase].graph.outputs["logits"].name]
         return out[:r].float().clone()
+
+    def _write_inputs(self, phase: str, ids, pos, slots, rows: list[int], size: int, rb: int) -> None:
+        """The step's inputs, padded to the bucket (`size` tokens, `rb` logit rows), into the phase's input buffers."""
+        n = len(ids)
+        st = self._staging[phase]
+        if st.done is not None:
+            st.done.synchronize()  # the last step's copies out of these buffers have run (at once, unless run ahead)
+        # padding tokens: id 0, distinct positions, the padding slot
+        a = st.arrays
+        _put(a["input_ids"], ids, size, 0)
+        _put(a["positions"], pos, size, self._pad_positions[:size - n])
+        _put(a["slots"], slots, size, self.pad_slot)
+        if "logit_rows" in a:
+            _put(a["logit_rows"], rows, rb, 0)
+        # One asynchronous copy per input (pinned memory: no synchronisation with the host). These copies (stream
+        # operations, not PDL kernels) also order the step after the previous one's kernels: the decode attention
+        # reads the cache rows of earlier steps before its PDL wait (attention_decode EARLY_KV), which is safe only
+        # because a step starts behind such an operation.
+        if st.flat.numel() * 8 <= ONE_COPY_BYTES:  # (a decode step's few tokens: every input in one copy)
+            st.device_flat.copy_(st.flat, non_blocking=True)
+        else:
+            ins = self.inputs[phase]
+            for name, m in (("input_ids", size), ("positions", size), ("slots", size), ("logit_rows", rb)):
+                if name in a:
+                    ins[name][:m].copy_(st.tensors[name][:m], non_blocking=True)
+        if st.done is not None:
+            st.done.record()
+
+    def _new_staging(self, ins: dict[str, torch.Tensor], staged: list[str], device_flat: torch.Tensor) -> _Staging:
+        """Host buffers laid out as the device's `device_flat` (the `staged` inputs' views, in that order)."""
+        cuda = self.device.type == "cuda"
+        flat = torch.zeros(device_flat.numel(), dtype=torch.int64, pin_memory=cuda)
+        tensors, off = {}, 0
+        for k in staged:
+            tensors[k] = flat[off:off + ins[k].numel()]
+            off += ins[k].numel()
+        return _Staging(flat, device_flat, tensors, {k: t.numpy() for k, t in tensors.items()},
+                        torch.cuda.Event() if cuda else None)
 
     def run_step(self, phase: str, v: dict[str, torch.Tensor]) -> None:
         """The generated step function over buffers `v` (what eager mode runs and a CUDA graph captures)."""
@@ -997,6 +1053,32 @@ def _token_list(x, what: str) -> list[int]:
     if bad:
         raise BeamcError(what, f"{bad[0]!r} is not an integer")
     return x
+
+
+def _token_chunk(x, what: str) -> list[int] | torch.Tensor:
+    """A prefill chunk's token ids: as `_token_list`, but a chunk of more than LONG_CHUNK integers stays (or becomes)
+    an int64 CPU tensor, so that the step's plan and checks run as tensor ops. Anything else takes the list path,
+    which names the bad value (the same errors either way)."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 1 and x.numel() > LONG_CHUNK and not (x.is_floating_point() or x.is_complex()
+                                                          or x.dtype == torch.bool):
+            return x.to("cpu", torch.int64)
+        return _token_list(x, what)
+    if hasattr(x, "__len__") and not isinstance(x, (str, bytes)) and len(x) > LONG_CHUNK:
+        x = list(x)
+        if set(map(type, x)) <= {int}:  # exact ints (a bool is not one): C-speed checks from here on
+            try:
+                return torch.from_numpy(np.array(x, dtype=np.int64))
+            except OverflowError:
+                pass  # an id beyond int64: the list path's vocabulary check names it
+    return _token_list(x, what)
+
+
+def _put(dst: np.ndarray, values, n: int, pad) -> None:
+    """dst[:len(values)] = values (an int list or an int64 tensor), dst[len(values):n] = pad."""
+    k = len(values)
+    dst[:k] = values.numpy() if isinstance(values, torch.Tensor) else values
+    dst[k:n] = pad
 
 
 def _renamed(e: BeamcError, seq_of_slot: dict[int, Hashable]) -> BeamcError:

@@ -59,7 +59,8 @@ class ReferenceSession:
 
     def _step(self, phase: str, chunks: list[tuple[int, list[int]]]) -> torch.Tensor:
         """Logits [T, V] (fp32), rows in the order the tokens were given. Every check runs before the step."""
-        inputs = {k: torch.tensor(v, device=self.device) for k, v in self.slots.plan(chunks).items()}
+        plan = self.slots.plan(chunks)
+        inputs = {k: torch.as_tensor(v, dtype=torch.int64, device=self.device) for k, v in plan.items()}
         inputs.update(self.fixed_inputs)
         out = self.interp[phase].run(inputs, self.states)[0]["logits"]
         self.slots.commit(chunks)
