@@ -41,6 +41,10 @@
 #   bash bench/device_plan.sh s44c           # the three deciding timings in one call: COMBINE, WG_PINGPONG, TMA_KV (+ read floor)
 #   bash bench/device_plan.sh s47a           # the runtime's inputs by pinned asynchronous copies: its GPU cases, the API's
 #                                            # host cost against the path before (bench/api_overhead.py)
+#   bash bench/device_plan.sh s47b           # decode by batch size (1-64) at 100K: ms, tokens/s, bytes, by op
+#   bash bench/device_plan.sh s47c           # decode at batch 8-64 with the MoE on the grouped kernel above 8 tokens
+#   bash bench/device_plan.sh s47d           # the MoE decode kernel alone at 16 / 64 tokens: stages apart, occupancy variants
+#   bash bench/device_plan.sh s47e           # MAXNREG 128 (the plain MoE decode render): GPU cases, decode at batch 16 / 64
 #   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
 #   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
 #   bash bench/device_plan.sh s46c           # the sliding layers' decode key blocks of 64 / 128 in the decode step
@@ -112,7 +116,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -403,6 +407,31 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     # then the API's cost against its graphs' replays, the tree's input path beside the one before, one model
     tests t-runtime 250 tests/gpu/test_runtime_gpu.py -k "graph_decode_equals or every_decode_bucket or fp32_compiled_equals"
     step api 240 python3 bench/api_overhead.py --out "$OUT/r"
+    ;;
+  s47b)  # (~5 minutes) decode by batch size at 100K context (bench/decode_batch.py, new): every bucket 1-64 of the TP-8
+    # rank's share, ms a step, tokens/s, the bytes a step reads against the run's read rate, the replay's time by op
+    step batch 480 python3 bench/decode_batch.py --out "$OUT/r"
+    ;;
+  s47c)  # (~5 minutes) decode at batch 8-64 (100K context): the MoE experts on moe_nvfp4_decode up to 64 tokens (the
+    # emitter's MOE_DECODE_MAX_TOKENS) against the grouped (sorted-by-expert) kernel from 9 tokens on (s47run3: the MoE
+    # at batch 64 34.5 ms a step, 29% of its bytes' read time)
+    step batch-moe64 230 python3 bench/decode_batch.py --out "$OUT/r" --batches 8,16,32,64
+    step batch-moe8 230 python3 bench/decode_batch.py --out "$OUT/r" --batches 8,16,32,64 --moe-decode-max-tokens 8
+    ;;
+  s47d)  # (~3 minutes) moe_nvfp4_decode alone at 16 and 64 tokens (8 uniform random experts a token): its two stages
+    # apart, and the variants that change programs per SM or columns per pass (s47run3-4: at batch 64 the MoE runs ~700
+    # us a layer, 29% of its bytes' read time; the grouped kernel is no faster there and slower at 16-32)
+    step moe-decode-t 220 python3 bench/moe_decode.py --out "$OUT/r" --tokens 16,64 \
+      --variants "default,8 warps,maxnreg=128,maxnreg=96,MP=1,MP=2,STAGES0=3,no prefetch"
+    ;;
+  s47e)  # (~4 minutes) moe_nvfp4_decode's plain render capped at 128 registers (the emitter's now on sm90: the decode
+    # steps of 9-64 tokens at TP 8): its GPU cases (bitwise the uncapped render's), the runtime's graph-vs-eager decode
+    # (TP 1: every bucket on the plain render) over 1,000 steps, then decode at batch 16 / 64 with and without the cap
+    tests t-cap 100 tests/gpu/test_kernels_moe_gpu.py -k register_cap
+    step t-rt 75 env BEAMC_RUNTIME_STEPS=1000 PYTEST_LOG=t-rt-pytest PYTEST_TIMEOUT=65 bash bench/gpu_run.sh \
+      tests/gpu/test_runtime_gpu.py -k graph_decode_equals
+    step batch-cap 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64
+    step batch-nocap 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set moe_nvfp4_decode.MAXNREG=0
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the

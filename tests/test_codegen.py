@@ -419,6 +419,32 @@ def test_window_block_n_pins_the_sliding_layers_only():
         assert f"\nBLOCK_N = {16 if k.constants['WINDOW'] else 64}\n" in k.source(), k.name
 
 
+def test_moe_decode_plain_render_is_register_capped_on_sm90(tiny_spec_bf16):
+    """moe_nvfp4_decode's plain render (the decode steps of 9-64 tokens at TP > 1) has both stages capped at
+    emitters.MOE_DECODE_MAXNREG registers on sm90 in bf16 (4 programs an SM: s47run5), in its launch options; the
+    COMBINE render (1-8 tokens) stays uncapped, so does sm100; `--set moe_nvfp4_decode.MAXNREG=0` takes the cap off."""
+    from beamc.codegen.emitters import MOE_DECODE_MAXNREG
+    from beamc.codegen.overrides import parse_overrides
+
+    tiny = load_spec(ROOT / "models/beam-tiny.yaml")
+
+    def decode_renders(**kw):
+        pkg = compile_package(tiny, tp=2, passes=ALL, phases=("decode",), **kw)
+        lns = [ln for n, ln in pkg.steps["decode"].launches
+               if n.op == "moe_experts" and ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"]
+        return {bool(ln.kernel.constants.get("COMBINE")): ln for ln in lns}
+
+    sm90 = decode_renders()
+    assert sm90[False].runs_for(9) and sm90[False].runs_for(64) and sm90[True].runs_for(8)
+    assert sm90[False].kernel.constants.get("MAXNREG") == MOE_DECODE_MAXNREG == 128
+    assert f"maxnreg={MOE_DECODE_MAXNREG})" in sm90[False].kernel.source()
+    assert "MAXNREG" not in sm90[True].kernel.constants and "maxnreg" not in sm90[True].kernel.source()
+    sm100 = decode_renders(target="sm100")
+    assert "MAXNREG" not in sm100[False].kernel.constants
+    off = decode_renders(template_overrides=parse_overrides(["moe_nvfp4_decode.MAXNREG=0"]))
+    assert off[False].kernel.constants["MAXNREG"] == 0 and "maxnreg" not in off[False].kernel.source()
+
+
 def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
     """`moe_combine_max_tokens` (`beamc compile --moe-combine-max-tokens N`): at TP 2, steps of up to N tokens take the
     MoE decode kernel's COMBINE render and no moe_combine launch, larger steps the experts then moe_combine; 0 the

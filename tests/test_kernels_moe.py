@@ -566,13 +566,15 @@ def test_moe_nvfp4_decode_bf16_rounding_points_interpreted(interpreted):
 def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
-    default (PDL on), and the tiny spec's TP 1 again with PDL off; the COMBINE (and its 64 A rows a stage-1 warp at T
+    default (PDL on), and the tiny spec's TP 1 again with PDL off; the register cap at T 64 (MAXNREG 128, as the
+    emitter renders the plain kernel on sm90); the COMBINE (and its 64 A rows a stage-1 warp at T
     8) and SCAN_T1-off renders at TP 8, and
     the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on); stage 0 on 8 warps
     (KSPLIT 8: each stage its own binary)."""
     full, tiny = load_spec(ROOT / "models/beam.yaml"), tiny_spec_()
     return [("full-tp8", moe_constants(full, 8), (1, True)), ("full-tp8,raw", moe_constants(full, 8), (1, False)),
             ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
+            ("full-tp8,maxnreg128,T64", dict(moe_constants(full, 8), MAXNREG=128), (64, True)),
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
             ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
             ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
@@ -645,7 +647,7 @@ def test_aot_compile_every_variant(tmp_path):
     for r in results:
         assert r["cubin"] > 0 and r["shared"] <= SMEM_LIMIT, r
         want = dict(num_warps=8 if r["stage0_only"] else 4, enable_fp_fusion=False, enable_reflect_ftz=False,
-                    launch_pdl=r["pdl"])
+                    launch_pdl=r["pdl"], **({"maxnreg": 128} if "maxnreg128" in r["label"] else {}))
         assert r["options"] == want and r["launch_pdl"] == r["pdl"], r
         check_pdl_ptx(r, r["pdl"], r["label"], r["late"])
         if r["pdl"]:
@@ -669,8 +671,10 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["coop"] == r["persist"], r
         if r["persist"]:
             assert min(r["barrier"]) > 0 and r["barrier"] == sorted(r["barrier"]), r
-    assert len(results) == 2 * len(_variants()) == 30
-    assert sum(r["pdl"] for r in results) == 28 and sum(r["persist"] for r in results) == 4
+    assert len(results) == 2 * len(_variants()) == 32
+    assert sum(r["pdl"] for r in results) == 30 and sum(r["persist"] for r in results) == 4
+    capped = [r for r in results if "maxnreg128" in r["label"]]  # (the cap holds: 4 programs of 4 warps an SM)
+    assert len(capped) == 2 and all(r["regs"] is None or r["regs"] <= 128 for r in capped), capped
 
 
 # ---------------------------------------------------------------- the interpreter child: python THIS_FILE OUT.json DIR

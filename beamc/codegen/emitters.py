@@ -261,6 +261,12 @@ def _linear_softcap(node: Node, g: Graph, ctx: Context) -> list[Launch]:
 
 
 MOE_DECODE_MAX_TOKENS = 64  # moe_nvfp4_decode's range; more tokens take the grouped (sorted-by-expert) kernel
+# (measured in the decode step on an H100, s47run4: with the grouped kernel from 9 tokens on the MoE took 16.3 / 27.2 /
+# 34.4 ms a step at batch 16 / 32 / 64 against moe_nvfp4_decode's 8.6 / 16.4 / 34.5: 64 stands)
+# moe_nvfp4_decode's plain render (sm90, bf16) with both stages capped at this many registers (its MAXNREG): 4 programs
+# an SM instead of 3. H100, s47run5 (the kernel alone): 16 tokens 189 -> 176 us, 64 tokens 692 -> 606. The COMBINE
+# render (the steps of 1-8 tokens at TP > 1) stays uncapped, as measured in its step
+MOE_DECODE_MAXNREG = 128
 # From this many tokens on (sm90), the grouped kernel's DEQUANT render: each expert's gate_up weights dequantised once
 # per step into bf16 scratch, then that GEMM on plain bf16 tiles. H200, 2026-12-01 (bench/results/
 # moe-prefill-2026-12-01-s7run2*.json, TP-8 shapes, re-laid-out weights, us, in-loop / DEQUANT): 2,048 tokens 1,246 /
@@ -405,7 +411,8 @@ def _moe_experts(node: Node, g: Graph, ctx: Context, combine: dict | None = None
     # the decode kernel's module re-lays the weights out (when there is one) in chunks that follow its stage-0 warp
     # count, KSPLIT: the prefill kernels read the same bytes, so they are told a KSPLIT other than the default 4
     decodes = not (dims["H"] % 128 or dims["I"] % 32)  # (its K permutation needs chunks of >= 32 values)
-    small = kernel(node, "moe_nvfp4_decode", ctx, **dims) if decodes else None
+    cap = {"MAXNREG": MOE_DECODE_MAXNREG} if ctx.target == "sm90" and ctx.dtype == "bf16" else {}
+    small = kernel(node, "moe_nvfp4_decode", ctx, **dims, **cap) if decodes else None
     ksplit = small.kernel.constants.get("KSPLIT", 4) if small else 4
     relay = {"RELAYOUT_KSPLIT": ksplit} if ksplit != 4 else {}
     # (sm100's native NVFP4 MMAs for bf16 activations only: tl.dot_scaled is given bf16 x; an f16 model's MoE
@@ -508,8 +515,9 @@ def _moe_experts_combine(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     if fused is None or most < 1 or idx.shape[1] > 8:  # (top-k > 8: not measured)
         return runs + _combine_spans(runs, combine)
     # the plain render's constants (its overrides already pinned and checked) with the combine in its epilogue
-    spec = KernelSpec("moe_nvfp4_decode", node.op, {**fused.kernel.constants, "COMBINE": True,
-                                                    "ROUTED_SCALE": a["routed_scale"]})
+    plain_consts = {k: v for k, v in fused.kernel.constants.items()
+                    if k != "MAXNREG" or "MAXNREG" in ctx.template_overrides.get("moe_nvfp4_decode", {})}
+    spec = KernelSpec("moe_nvfp4_decode", node.op, {**plain_consts, "COMBINE": True, "ROUTED_SCALE": a["routed_scale"]})
     fused = Launch(io(node), spec, max_tokens=most, choice=MOE_COMBINE_CHOICE)
     frag = _moe_frag(node, fused.kernel.constants, ctx, most)
     if frag is not None:  # `--moe-frag-max-tokens`: the smallest steps take the Gluon fragment-load kernel

@@ -84,9 +84,10 @@ def parse_overrides(items: list[str] | tuple[str, ...] | None, where: str = "--s
 STRUCTURAL = frozenset({"DTYPE", "PDL", "COMBINE", "ROUTED_SCALE", "GATE", "QKN", "PAGED", "MIRROR", "MIRROR_PAGES",
                         "DEQUANT", "DEQUANT_DOWN", "NATIVE_FP4", "EPILOGUE", "PACKED", "PATH", "CACHE_DTYPE", "MODE",
                         "RELAYOUT_KSPLIT"})
-TUNABLE_DERIVED = frozenset({"BLOCK_N", "F16_DOT", "NUM_WARPS", "EX2_FTZ", "Q16_OUT", "TOKENS", "BLOCK_M"})  # chosen
-# by an emitter (attention_decode_tiles, attention_dot, ATTENTION_SLIDING_PREFILL_TILES, QK_NORM_PREFILL_TILES,
-# ROUTER_PREFILL_TILES), not derived from the IR
+TUNABLE_DERIVED = frozenset({"BLOCK_N", "F16_DOT", "NUM_WARPS", "EX2_FTZ", "Q16_OUT", "TOKENS", "BLOCK_M",
+                             "MAXNREG"})  # chosen by an emitter (attention_decode_tiles, attention_dot,
+# ATTENTION_SLIDING_PREFILL_TILES, QK_NORM_PREFILL_TILES, ROUTER_PREFILL_TILES, MOE_DECODE_MAXNREG), not derived
+# from the IR
 
 
 def check(template: str, const: str, where: str = "--set") -> None:
