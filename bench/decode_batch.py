@@ -134,7 +134,8 @@ def main(argv=None) -> dict:
     facts["total_s"] = round(time.perf_counter() - t0, 1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = ("" if a.moe_decode_max_tokens is None else f"-moe{a.moe_decode_max_tokens}") + ("-set" if a.set else "")
+    tag = ("" if a.moe_decode_max_tokens is None else f"-moe{a.moe_decode_max_tokens}") + "".join(
+        "-" + o.split(".", 1)[-1].replace("=", "") for o in a.set)  # (--set a.B=4: -B4)
     path = out / f"decode-batch-{facts['date']}{tag}{'-dry' if a.dry else ''}.json"
     path.write_text(json.dumps(facts, indent=1) + "\n")
     print(f"{spec.name}: TP-{a.tp} rank 0 on one {facts['env']['device']}, context {a.context}, read {bw:.2f} TB/s; "

@@ -45,6 +45,8 @@
 #   bash bench/device_plan.sh s47c           # decode at batch 8-64 with the MoE on the grouped kernel above 8 tokens
 #   bash bench/device_plan.sh s47d           # the MoE decode kernel alone at 16 / 64 tokens: stages apart, occupancy variants
 #   bash bench/device_plan.sh s47e           # MAXNREG 128 (the plain MoE decode render): GPU cases, decode at batch 16 / 64
+#   bash bench/device_plan.sh s48a           # batch decode: the MoE decode kernel's wider programs (alone, GPU cases),
+#                                            # the attention's split rule at batch 16 / 64
 #   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
 #   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
 #   bash bench/device_plan.sh s46c           # the sliding layers' decode key blocks of 64 / 128 in the decode step
@@ -116,7 +118,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -432,6 +434,16 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
       tests/gpu/test_runtime_gpu.py -k graph_decode_equals
     step batch-cap 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64
     step batch-nocap 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set moe_nvfp4_decode.MAXNREG=0
+    ;;
+  s48a)  # (~8 minutes) batch decode's two levers (s47: the MoE decode kernel's time follows its programs at 16-64
+    # tokens; the attention reads K / V at ~45% of the read rate with 2 programs an SM): the wide renders' GPU cases
+    # (bitwise the default render's), the kernel alone at 16 / 64 tokens with them, then the decode step at batch 16 /
+    # 64 with 4 and 8 attention programs an SM
+    tests t-wide 150 tests/gpu/test_kernels_moe_gpu.py -k register_cap
+    step moe-decode-wide 150 python3 bench/moe_decode.py --out "$OUT/r" --tokens 16,64 --variants \
+      "default,maxnreg=128,MP=2/maxnreg=128,BLOCK_I=16,BLOCK_I=16/maxnreg=168,RW=64,RW=64/maxnreg=128,BLOCK_I=16/RW=64/maxnreg=168"
+    step batch-tp528 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=528
+    step batch-tp1056 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=1056
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the

@@ -55,6 +55,14 @@ VARIANTS = (
     # per SM; an expert with more pairs than MP takes more passes over its weights (from L2 after the first)
     ("MP=1", {"MP": 1}, {}),
     ("MP=2", {"MP": 2}, {}),
+    # wider programs for batch decode (s47: at 16-64 tokens the time follows the programs, ~20 waves of them): 16 rows
+    # of I a stage-0 program (224 registers uncapped, 168 capped with 96 bytes of stack), 64 rows of H a stage-1 warp
+    ("MP=2/maxnreg=128", {"MP": 2}, {"maxnreg": 128}),
+    ("BLOCK_I=16", {}, {}, {"BLOCK_I": 16}),
+    ("BLOCK_I=16/maxnreg=168", {}, {"maxnreg": 168}, {"BLOCK_I": 16}),
+    ("RW=64", {}, {}, {"RW": 64}),
+    ("RW=64/maxnreg=128", {}, {"maxnreg": 128}, {"RW": 64}),
+    ("BLOCK_I=16/RW=64/maxnreg=168", {}, {"maxnreg": 168}, {"BLOCK_I": 16, "RW": 64}),
 )
 
 
@@ -143,8 +151,8 @@ def main(argv=None) -> dict:
                 ps = m.relayout(raw) if m is not mod and lname == "relaid" and m.BK0 != mod.BK0 else params
                 consts = dict(m.constexprs(T, lname == "relaid"), **cover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
-                h = torch.empty(mod.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
-                grids = ((T * K, -(-I // mod.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
+                h = torch.empty(m.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
+                grids = ((T * K, -(-I // m.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
 
                 def stage(s, consts=consts, y=y, h=h, params=ps, ids=idx, m=m, oover=oover):
                     cx, o = m.stage_launch(s, consts)  # (KSPLIT 8: each stage its own binary and warps)

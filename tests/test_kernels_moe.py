@@ -299,6 +299,9 @@ MOE_CASES = {
     "tp1-T1-relaid-ks8": (1, dict(KSPLIT=8), 1, True, "distinct"),
     "E5-T3-raw-bad-ids-ks8": (1, dict(_odd(5, 512, 96, 3), KSPLIT=8), 3, False, "bad"),
     "E7-T1-relaid-solo-one-expert-ks8": (1, dict(_odd(7, 256, 32, 2), KSPLIT=8, SCAN_T1=False), 1, True, "one"),
+    # wider programs (the batch-decode candidates): 16 rows of I a stage-0 program, 64 rows of H a stage-1 warp
+    "tp2-T8-relaid-bi16-rw64": (2, dict(BLOCK_I=16, RW=64), 8, True, "shared"),
+    "E5-T3-raw-bad-ids-bi16-rw64": (1, dict(_odd(5, 384, 96, 3), BLOCK_I=16, RW=64), 3, False, "bad"),
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 
@@ -567,7 +570,7 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
     default (PDL on), and the tiny spec's TP 1 again with PDL off; the register cap at T 64 (MAXNREG 128, as the
-    emitter renders the plain kernel on sm90); the COMBINE (and its 64 A rows a stage-1 warp at T
+    emitter renders the plain kernel on sm90) and the wider programs (16 rows of I, 64 of H a warp) at T 64; the COMBINE (and its 64 A rows a stage-1 warp at T
     8) and SCAN_T1-off renders at TP 8, and
     the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on); stage 0 on 8 warps
     (KSPLIT 8: each stage its own binary)."""
@@ -575,6 +578,7 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     return [("full-tp8", moe_constants(full, 8), (1, True)), ("full-tp8,raw", moe_constants(full, 8), (1, False)),
             ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
             ("full-tp8,maxnreg128,T64", dict(moe_constants(full, 8), MAXNREG=128), (64, True)),
+            ("full-tp8,bi16-rw64,T64", dict(moe_constants(full, 8), BLOCK_I=16, RW=64), (64, True)),
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
             ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
             ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
@@ -664,15 +668,15 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["mma"] >= 2 and r["bf16x2"] >= 8 and r["bf16x2"] % 4 == 0, r
         assert (r["shf"] >= r["bf16x2"]) if r["relaid"] else r["shf"] == 0, r
         assert all((x or 0) <= SMALL_LOCAL for x in [r["local"], *r["others"]]), r
-        if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads)
-            assert min(r["programs"]) >= 2 * SMS and r["cp16"] >= 2, r
+        if r["full"]:  # (the tiny spec's K loops run once: no pipeline, plain loads; the wide render is for T >= 16)
+            assert (min(r["programs"]) >= 2 * SMS or "bi16" in r["label"]) and r["cp16"] >= 2, r
         # PERSIST: a cooperative launch; the wait, then the arrival (a release), the poll (relaxed loads, then an
         # acquire fence), the departure, and the trigger only after the barrier, in this order in the PTX
         assert r["coop"] == r["persist"], r
         if r["persist"]:
             assert min(r["barrier"]) > 0 and r["barrier"] == sorted(r["barrier"]), r
-    assert len(results) == 2 * len(_variants()) == 32
-    assert sum(r["pdl"] for r in results) == 30 and sum(r["persist"] for r in results) == 4
+    assert len(results) == 2 * len(_variants()) == 34
+    assert sum(r["pdl"] for r in results) == 32 and sum(r["persist"] for r in results) == 4
     capped = [r for r in results if "maxnreg128" in r["label"]]  # (the cap holds: 4 programs of 4 warps an SM)
     assert len(capped) == 2 and all(r["regs"] is None or r["regs"] <= 128 for r in capped), capped
 

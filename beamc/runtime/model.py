@@ -977,10 +977,10 @@ class Model:
         _put(a["slots"], slots, size, self.pad_slot)
         if "logit_rows" in a:
             _put(a["logit_rows"], rows, rb, 0)
-        # One asynchronous copy per input (pinned memory: no synchronisation with the host). These copies (stream
-        # operations, not PDL kernels) also order the step after the previous one's kernels: the decode attention
-        # reads the cache rows of earlier steps before its PDL wait (attention_decode EARLY_KV), which is safe only
-        # because a step starts behind such an operation.
+        # Asynchronous copies from pinned memory (no synchronisation with the host): the whole buffer in one where it
+        # is small, else each input's rows. These copies (stream operations, not PDL kernels) also order the step
+        # after the previous one's kernels: the decode attention reads the cache rows of earlier steps before its PDL
+        # wait (attention_decode EARLY_KV), which is safe only because a step starts behind such an operation.
         if st.flat.numel() * 8 <= ONE_COPY_BYTES:  # (a decode step's few tokens: every input in one copy)
             st.device_flat.copy_(st.flat, non_blocking=True)
         else:

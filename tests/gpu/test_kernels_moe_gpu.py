@@ -197,35 +197,42 @@ def test_moe_nvfp4_decode_ksplit8(T, relaid, scan, kind, tmp_path_factory):
     assert (y[bad] == 0).all()
 
 
+WIDE_RENDERS = {"maxnreg128": dict(MAXNREG=128), "bi16": dict(BLOCK_I=16), "rw64": dict(RW=64),
+                "bi16-rw64-cap168": dict(BLOCK_I=16, RW=64, MAXNREG=168)}
+
+
+@pytest.mark.parametrize("render", sorted(WIDE_RENDERS))
 @pytest.mark.parametrize("T,kind", [(3, "bad"), (16, "distinct"), (64, "distinct"), (64, "skewed")])
-def test_moe_nvfp4_decode_register_cap(T, kind, tmp_path_factory):
-    """MAXNREG 128 (the emitter's plain render on sm90: 4 programs an SM): y and h bitwise equal to the uncapped
-    render's on the same inputs (only the register allocation differs), eager and in a CUDA-graph replay."""
-    if "maxnreg" not in _CACHE:
-        _CACHE["maxnreg"] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), MAXNREG=128)),
-                                        tmp_path_factory.mktemp("moe_cap"))
-    capped, plain = _CACHE["maxnreg"], _module(None, tmp_path_factory)
-    assert capped.OPTIONS["maxnreg"] == 128 and "maxnreg" not in plain.OPTIONS
+def test_moe_nvfp4_decode_register_cap(T, kind, render, tmp_path_factory):
+    """The plain render's register cap (MAXNREG 128: the emitter's on sm90, 4 programs an SM) and the wider programs
+    (16 rows of I a stage-0 program, 64 rows of H a stage-1 warp; with a cap): y and h bitwise equal to the default
+    render's on the same inputs (each row's dot runs the same K steps in the same order), eager and in a CUDA-graph
+    replay."""
+    if render not in _CACHE:
+        _CACHE[render] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), **WIDE_RENDERS[render])),
+                                     tmp_path_factory.mktemp("moe_wide"))
+    wide, plain = _CACHE[render], _module(None, tmp_path_factory)
+    assert wide.OPTIONS.get("maxnreg") == WIDE_RENDERS[render].get("MAXNREG") and "maxnreg" not in plain.OPTIONS
     c = _constants()
     g = torch.Generator().manual_seed(40 + T)
     x = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
     idx = _idx(kind, T, c, g).cuda()
     outs = []
-    for mod in (plain, capped):
+    for mod in (plain, wide):
         y = torch.full((T, c["TOP_K"], c["H"]), float("nan"), dtype=torch.bfloat16, device="cuda")
         h = torch.full((mod.scratch_numel(T),), float("nan"), dtype=torch.bfloat16, device="cuda")
         mod.launch(x, idx, *_weights(True, mod), y, h)
         torch.cuda.synchronize()
         outs.append((y.clone(), h.clone()))
-    graph = captured_graph(lambda: capped.launch(x, idx, *_weights(True, capped), y, h))
+    graph = captured_graph(lambda: wide.launch(x, idx, *_weights(True, wide), y, h))
     y.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    line = dict(T=T, routing=kind, y_bitwise=bool(torch.equal(outs[0][0], outs[1][0])),
+    line = dict(T=T, routing=kind, render=render, y_bitwise=bool(torch.equal(outs[0][0], outs[1][0])),
                 h_bitwise=bool(torch.equal(outs[0][1], outs[1][1])), graph_bitwise=bool(torch.equal(y, outs[1][0])),
                 rel_err=_rel(outs[1][0], y_reference(x, idx, _weights(False))))
-    SUMMARY.setdefault("maxnreg", []).append(line)
-    print(f"moe_nvfp4_decode MAXNREG 128: {line}")
+    SUMMARY.setdefault("wide_renders", []).append(line)
+    print(f"moe_nvfp4_decode {render}: {line}")
     assert line["y_bitwise"] and line["h_bitwise"] and line["graph_bitwise"] and line["rel_err"] < 1e-2, line
 
 
