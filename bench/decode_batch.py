@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from full_model import (SKIPPED, add_common_args, bench_spec, decode_bytes, device_for, replay,  # noqa: E402
-                        single_rank_collectives, timed)
+from full_model import (SKIPPED, add_common_args, add_set_arg, bench_spec, decode_bytes, device_for,  # noqa: E402
+                        replay, set_overrides, single_rank_collectives, timed)
 
 
 def step_bytes(model, spec, context: int, batch: int) -> dict[str, float]:
@@ -64,16 +64,9 @@ def main(argv=None) -> dict:
                     help="compile with emitters.MOE_DECODE_MAX_TOKENS = N: steps of more tokens run the MoE experts "
                          "on the grouped (sorted-by-expert) kernel instead of moe_nvfp4_decode (default: the "
                          "emitter's)")
-    ap.add_argument("--set", action="append", default=[], metavar="TEMPLATE.CONSTANT=VALUE",
-                    help="compile with `beamc compile --set ...` (a template constant pinned; repeatable)")
+    add_set_arg(ap)
     a = ap.parse_args(argv)
-    from beamc.codegen.overrides import parse_overrides
-    from beamc.errors import BeamcError
-
-    try:  # a misspelt template or constant: one line, before the GPU is touched
-        overrides = parse_overrides(a.set)
-    except BeamcError as e:
-        raise SystemExit(f"decode_batch.py: {e}") from None
+    overrides = set_overrides(a, "decode_batch.py")
     device = device_for(a)
     batches = sorted({int(b) for b in a.batches.split(",")})
     if a.dry:

@@ -169,6 +169,19 @@ def add_common_args(ap: argparse.ArgumentParser, steps: int, reps: int) -> None:
                     "TRITON_INTERPRET=1): bf16 experts, TP 2, context 40, 2 x 4-token prefill, 2 decode steps")
 
 
+def add_set_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--set", action="append", default=[], metavar="TEMPLATE.CONSTANT=VALUE",
+                    help="compile with `beamc compile --set ...` (a template constant pinned; repeatable)")
+
+
+def set_overrides(a: argparse.Namespace, prog: str) -> dict:
+    """--set's template overrides; a misspelt template or constant: one line, before the GPU is touched."""
+    try:
+        return parse_overrides(a.set)
+    except BeamcError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+
+
 def device_for(a: argparse.Namespace) -> torch.device:
     """--dry: the tiny spec's settings on the CPU (under Triton's interpreter); else the GPU. Also points
     bench/kernels.py's timing helpers at that device."""
@@ -195,17 +208,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--moe-combine-max-tokens", type=int, default=None, metavar="N",
                     help="compile with `beamc compile --moe-combine-max-tokens N` (the MoE decode kernel's COMBINE "
                          "render up to N tokens; default: the compiler's)")
-    ap.add_argument("--set", action="append", default=[], metavar="TEMPLATE.CONSTANT=VALUE",
-                    help="compile with `beamc compile --set ...` (a template constant pinned; repeatable)")
+    add_set_arg(ap)
     ap.add_argument("--l2-prefetch-mb", type=int, default=None, metavar="MB",
                     help="compile with `beamc compile --l2-prefetch-mb MB` (default: the compiler's)")
     ap.add_argument("--profile", choices=("all", "decode"), default="all",
                     help="which steps to profile by layer kind (the prefill profile takes ~40 s on an H200)")
     a = ap.parse_args(argv)
-    try:  # a misspelt template or constant: one line, before the GPU is touched
-        overrides = parse_overrides(a.set)
-    except BeamcError as e:
-        raise SystemExit(f"full_model.py: {e}") from None
+    overrides = set_overrides(a, "full_model.py")
     device = device_for(a)
     import kernels as kb  # bench/kernels.py: read_bandwidth
 
