@@ -436,12 +436,12 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step batch-nocap 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set moe_nvfp4_decode.MAXNREG=0
     ;;
   s48a)  # (~8 minutes) batch decode's two levers (s47: the MoE decode kernel's time follows its programs at 16-64
-    # tokens; the attention reads K / V at ~45% of the read rate with 2 programs an SM): the wide renders' GPU cases
-    # (bitwise the default render's), the kernel alone at 16 / 64 tokens with them, then the decode step at batch 16 /
-    # 64 with 4 and 8 attention programs an SM
+    # tokens; the attention reads K / V at ~45% of the read rate with 2 programs an SM): the wide renders' and the wider
+    # idx scan's GPU cases (bitwise the default render's), the kernel alone at 16 / 64 tokens with them, then the
+    # decode step at batch 16 / 64 with 4 and 8 attention programs an SM
     tests t-wide 150 tests/gpu/test_kernels_moe_gpu.py -k register_cap
     step moe-decode-wide 150 python3 bench/moe_decode.py --out "$OUT/r" --tokens 16,64 --variants \
-      "default,maxnreg=128,MP=2/maxnreg=128,BLOCK_I=16,BLOCK_I=16/maxnreg=168,RW=64,RW=64/maxnreg=128,BLOCK_I=16/RW=64/maxnreg=168"
+      "default,maxnreg=128,MP=2/maxnreg=128,BLOCK_I=16,BLOCK_I=16/maxnreg=168,RW=64,RW=64/maxnreg=128,BLOCK_I=16/RW=64/maxnreg=168,IDX_CHUNK=128/maxnreg=128,IDX_CHUNK=512/maxnreg=128"
     step batch-tp528 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=528
     step batch-tp1056 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=1056
     ;;

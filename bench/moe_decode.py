@@ -63,6 +63,10 @@ VARIANTS = (
     ("RW=64", {}, {}, {"RW": 64}),
     ("RW=64/maxnreg=128", {}, {"maxnreg": 128}, {"RW": 64}),
     ("BLOCK_I=16/RW=64/maxnreg=168", {}, {"maxnreg": 168}, {"BLOCK_I": 16, "RW": 64}),
+    # every program (a pair's, live or not) scans all T x TOP_K ids in steps of IDX_CHUNK (32: 16 dependent steps at 64
+    # tokens, each a load and a few reductions) before its weights or its exit: fewer, wider steps
+    ("IDX_CHUNK=128/maxnreg=128", {}, {"maxnreg": 128}, {"IDX_CHUNK": 128}),
+    ("IDX_CHUNK=512/maxnreg=128", {}, {"maxnreg": 128}, {"IDX_CHUNK": 512}),
 )
 
 

@@ -302,6 +302,9 @@ MOE_CASES = {
     # wider programs (the batch-decode candidates): 16 rows of I a stage-0 program, 64 rows of H a stage-1 warp
     "tp2-T8-relaid-bi16-rw64": (2, dict(BLOCK_I=16, RW=64), 8, True, "shared"),
     "E5-T3-raw-bad-ids-bi16-rw64": (1, dict(_odd(5, 384, 96, 3), BLOCK_I=16, RW=64), 3, False, "bad"),
+    # the idx scan in steps wider than the pairs (one masked step), and of 16 over 24 pairs (two, the second masked)
+    "tp2-T8-relaid-chunk128": (2, dict(IDX_CHUNK=128), 8, True, "shared"),
+    "E5-T8-raw-bad-ids-chunk16": (1, dict(_odd(5, 384, 96, 3), IDX_CHUNK=16), 8, False, "bad"),
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 

@@ -198,16 +198,17 @@ def test_moe_nvfp4_decode_ksplit8(T, relaid, scan, kind, tmp_path_factory):
 
 
 WIDE_RENDERS = {"maxnreg128": dict(MAXNREG=128), "bi16": dict(BLOCK_I=16), "rw64": dict(RW=64),
-                "bi16-rw64-cap168": dict(BLOCK_I=16, RW=64, MAXNREG=168)}
+                "bi16-rw64-cap168": dict(BLOCK_I=16, RW=64, MAXNREG=168),
+                "idx128-cap128": dict(IDX_CHUNK=128, MAXNREG=128)}
 
 
 @pytest.mark.parametrize("render", sorted(WIDE_RENDERS))
 @pytest.mark.parametrize("T,kind", [(3, "bad"), (16, "distinct"), (64, "distinct"), (64, "skewed")])
 def test_moe_nvfp4_decode_register_cap(T, kind, render, tmp_path_factory):
-    """The plain render's register cap (MAXNREG 128: the emitter's on sm90, 4 programs an SM) and the wider programs
-    (16 rows of I a stage-0 program, 64 rows of H a stage-1 warp; with a cap): y and h bitwise equal to the default
-    render's on the same inputs (each row's dot runs the same K steps in the same order), eager and in a CUDA-graph
-    replay."""
+    """The plain render's register cap (MAXNREG 128: the emitter's on sm90, 4 programs an SM), the wider programs
+    (16 rows of I a stage-0 program, 64 rows of H a stage-1 warp; with a cap) and the idx scan in steps of 128: y and
+    h bitwise equal to the default render's on the same inputs (each row's dot runs the same K steps in the same
+    order, an expert's pairs in the same columns), eager and in a CUDA-graph replay."""
     if render not in _CACHE:
         _CACHE[render] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), **WIDE_RENDERS[render])),
                                      tmp_path_factory.mktemp("moe_wide"))
