@@ -414,6 +414,22 @@ def test_cli_refusals_come_before_any_kernel(argv, message, tmp_path, tiny_ckpt_
 
 
 # ---------------------------------------------------------------- in-process: package checks, buffers, sampling
+def test_an_sm100_package_asks_for_the_triton_that_compiles_it(tiny_spec):
+    """The sm100 NVFP4 prefill MoE (tl.dot_scaled) fails to compile with Triton 3.6 (its matmul lowering): Model.load
+    names the kernel and the fix before any launch (`triton_refusal`); sm90 packages and newer Tritons pass."""
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.model import triton_refusal
+
+    sm100 = compile_package(tiny_spec, target="sm100", passes=select_passes("all"), phases=("prefill",)).kernels
+    sm90 = compile_package(tiny_spec, target="sm90", passes=select_passes("all"), phases=("prefill",)).kernels
+    refused = triton_refusal(sm100, "3.6.0")
+    assert refused is not None and sm100[refused[0]].template == "moe_nvfp4_prefill", refused
+    assert "Triton 3.6.0" in refused[1] and refused[2] == "install triton>=3.8"
+    assert triton_refusal(sm100, "3.8.0") is None and triton_refusal(sm100, "3.10.1+git1234") is None
+    assert triton_refusal(sm90, "3.6.0") is None
+
+
 def _plan_or_error(table, chunks):
     try:
         return table.plan(chunks)

@@ -291,6 +291,26 @@ def _prefetch_budget(manifest: dict[str, Any]) -> int:
     return mb
 
 
+NATIVE_FP4_MIN_TRITON = (3, 8)  # tl.dot_scaled on NVFP4 weights for sm_100a: Triton 3.6's matmul lowering fails on
+# it (TritonGPUAccelerateMatmul, checked on the CPU with 3.6.0: every moe_nvfp4_prefill NATIVE_FP4 render, the full
+# spec's included), 3.8.0 compiles it
+
+
+def triton_refusal(kernels: dict, version: str) -> tuple[str, str, str] | None:
+    """(kernel, message, fix) when a package's kernels need a newer Triton than `version`, else None: the sm100
+    NVFP4 prefill MoE (NATIVE_FP4) from NATIVE_FP4_MIN_TRITON on."""
+    try:
+        have = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return None  # (a development build: let it try)
+    native = sorted(n for n, k in kernels.items() if k.constants.get("NATIVE_FP4"))
+    if native and have < NATIVE_FP4_MIN_TRITON:
+        want = ".".join(map(str, NATIVE_FP4_MIN_TRITON))
+        return (native[0], f"the sm100 NVFP4 prefill MoE (tl.dot_scaled on the packed weights) does not compile with "
+                f"Triton {version}: its matmul lowering fails before {want}", f"install triton>={want}")
+    return None
+
+
 def collectives_skipped() -> bool:
     import os
 
@@ -414,6 +434,11 @@ class Model:
             if f"sm_{cap[0]}{cap[1]}a" != m["arch"]:
                 raise BeamcError(str(pkg), f"compiled for {m['arch']}, but {self.device} is sm_{cap[0]}{cap[1]}a",
                                  "compile the package with the --target of this GPU")
+            import triton
+
+            refused = triton_refusal(self.package.kernels, triton.__version__)
+            if refused is not None:
+                raise BeamcError(str(pkg / "kernels" / f"{refused[0]}.py"), refused[1], refused[2])
         self.step_module = import_step(pkg)
         self.phases = {p: self.package.steps[p] for p in ("decode", "prefill") if p in self.package.steps}
         graphs = {p: st.graph for p, st in self.phases.items()}
