@@ -23,7 +23,6 @@ import datetime
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from full_model import (SKIPPED, add_common_args, bench_spec, device_for, single_rank_collectives, sync,  # noqa: E402
-                        timed, wall)
+from full_model import (SKIPPED, add_common_args, bench_spec, device_for, load_rank_model,  # noqa: E402
+                        single_rank_collectives, sync, timed, wall)
 
 
 def legacy_write(self, phase: str, ids, pos, slots, rows, size: int, rb: int) -> None:
@@ -93,26 +92,13 @@ def main(argv=None) -> dict:
     add_common_args(ap, steps=100, reps=5)
     a = ap.parse_args(argv)
     device = device_for(a)
-    from beamc.codegen.package import compile_package
-    from beamc.passes.manager import select_passes
-    from beamc.runtime.model import Model
-    from beamc.runtime.random_weights import random_rank_weights
-
     single_rank_collectives()
     t0 = time.perf_counter()
-    spec = bench_spec(Path(a.spec), a.context, max(a.chunk, 2 * a.steps + 8), a.experts)
-    package = compile_package(spec, tp=a.tp, rank=0, passes=select_passes("all"), dtype="f32" if a.dry else None,
-                              nvfp4_relayout=a.nvfp4_relayout,
-                              attention_mirror_pages=None if a.attention_mirror else 0)
-    tmp = tempfile.TemporaryDirectory(prefix="beam-api-")
-    pkg = package.write(Path(tmp.name) / "pkg")
-    w = random_rank_weights(spec, [st.graph for st in package.steps.values()], tp=a.tp, rank=0, device=device,
-                            seed=a.seed)
-    max_context = a.context + max(a.chunk, 2 * a.steps + 8)
-    model = Model.load(pkg, None, device=str(device), spec=spec, tp=a.tp, rank=0, kv_dtype="fp8", weights=w,
-                       take_weights=True, max_batch=a.batch, max_context=max_context,
-                       max_prefill_tokens=a.batch * a.chunk)
-    del w
+    room = max(a.chunk, 2 * a.steps + 8)
+    spec = bench_spec(Path(a.spec), a.context, room, a.experts)
+    _, model, tmp = load_rank_model(a, spec, device, "beam-api-", dict(
+        max_batch=a.batch, max_context=a.context + room, max_prefill_tokens=a.batch * a.chunk),
+        attention_mirror_pages=None if a.attention_mirror else 0)
     gen = torch.Generator().manual_seed(a.seed)
     facts: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
                    "dry": a.dry, "note": SKIPPED, "tp": a.tp, "context": a.context, "chunk": a.chunk,

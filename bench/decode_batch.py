@@ -20,7 +20,6 @@ import datetime
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -32,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from full_model import (SKIPPED, add_common_args, add_set_arg, bench_spec, decode_bytes, device_for,  # noqa: E402
-                        replay, set_overrides, single_rank_collectives, timed)
+                        load_rank_model, replay, set_overrides, single_rank_collectives, timed)
 
 
 def step_bytes(model, spec, context: int, batch: int) -> dict[str, float]:
@@ -74,11 +73,6 @@ def main(argv=None) -> dict:
     import kernels as kb  # bench/kernels.py: read_bandwidth
     from profile_step import profile_replay, profile_step
 
-    from beamc.codegen.package import compile_package
-    from beamc.passes.manager import select_passes
-    from beamc.runtime.model import Model
-    from beamc.runtime.random_weights import random_rank_weights
-
     from beamc.codegen import emitters
 
     if a.moe_decode_max_tokens is not None:
@@ -87,16 +81,9 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     room = 2 * a.steps + 8
     spec = bench_spec(Path(a.spec), a.context, room, a.experts)
-    package = compile_package(spec, tp=a.tp, rank=0, passes=select_passes("all"), dtype="f32" if a.dry else None,
-                              nvfp4_relayout=a.nvfp4_relayout, attention_mirror_pages=0, template_overrides=overrides)
-    tmp = tempfile.TemporaryDirectory(prefix="beam-batch-")
-    pkg = package.write(Path(tmp.name) / "pkg")
-    w = random_rank_weights(spec, [st.graph for st in package.steps.values()], tp=a.tp, rank=0, device=device,
-                            seed=a.seed)
-    model = Model.load(pkg, None, device=str(device), spec=spec, tp=a.tp, rank=0, kv_dtype="fp8", weights=w,
-                       take_weights=True, max_batch=max(batches), max_context=a.context + room,
-                       max_prefill_tokens=16, decode_buckets=batches)
-    del w
+    package, model, tmp = load_rank_model(a, spec, device, "beam-batch-", dict(
+        max_batch=max(batches), max_context=a.context + room, max_prefill_tokens=16, decode_buckets=batches),
+        attention_mirror_pages=0, template_overrides=overrides)
     facts: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
                    "dry": a.dry, "note": SKIPPED, "tp": a.tp, "context": a.context, "steps": a.steps,
                    "moe_decode_max_tokens": emitters.MOE_DECODE_MAX_TOKENS,

@@ -68,6 +68,24 @@ def bench_spec(path: Path, context: int, chunk: int, experts: str | None):  # ch
     return parse_spec(d, f"{path.name} (fp8 KV, {context + chunk} positions)")
 
 
+def load_rank_model(a: argparse.Namespace, spec, device, prefix: str, load: dict, **compile_opts):
+    """Rank 0 of --tp's package of `spec` (every pass; fp32 under --dry; `compile_opts`: compile_package's), written to
+    a temporary folder and loaded (`load`: Model.load's sizes) with random weights made on the device, fp8 KV.
+    Returns (package, model, tmp): keep tmp (the folder) alive while the model runs."""
+    from beamc.runtime.model import Model
+    from beamc.runtime.random_weights import random_rank_weights
+
+    package = compile_package(spec, tp=a.tp, rank=0, passes=select_passes("all"), dtype="f32" if a.dry else None,
+                              nvfp4_relayout=a.nvfp4_relayout, **compile_opts)
+    tmp = tempfile.TemporaryDirectory(prefix=prefix)
+    pkg = package.write(Path(tmp.name) / "pkg")
+    w = random_rank_weights(spec, [st.graph for st in package.steps.values()], tp=a.tp, rank=0, device=device,
+                            seed=a.seed)
+    model = Model.load(pkg, None, device=str(device), spec=spec, tp=a.tp, rank=0, kv_dtype="fp8", weights=w,
+                       take_weights=True, **load)
+    return package, model, tmp
+
+
 def single_rank_collectives() -> None:
     """One process holds one rank: the logits all-gather becomes a copy of this rank's share (rest zeros), with no
     host synchronisation, so the step can be captured (`library.all_reduce` already copies without a process

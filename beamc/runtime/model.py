@@ -264,6 +264,7 @@ class _Staging:
     those copies, and the host waits for it before it writes the buffers again (a caller may run steps ahead)."""
     flat: torch.Tensor  # the host buffer (int64; pinned on a GPU), laid out as device_flat
     device_flat: torch.Tensor  # the device buffer whose views are the phase's staged inputs
+    device_views: dict[str, torch.Tensor]  # input name -> its view of `device_flat` (the step's input buffer)
     tensors: dict[str, torch.Tensor]  # input name -> its view of `flat`
     arrays: dict[str, np.ndarray]  # numpy views of the same memory (a slice assignment from a list runs in C)
     done: torch.cuda.Event | None
@@ -503,16 +504,10 @@ class Model:
             staged = [n for n in STAGED_INPUTS if n in leaves]
             assert all(leaves[n].out.dtype == "i64" for n in staged), "the IR's token inputs are int64"
             shapes = {n: _bind(node.out.shape, self.max_sizes[p]) for n, node in leaves.items()}
-            flat = torch.zeros(sum(math.prod(shapes[n]) for n in staged), dtype=torch.int64, device=self.device)
-            ins, off = {}, 0
-            for n in staged:
-                ins[n] = flat[off:off + math.prod(shapes[n])].view(shapes[n])
-                off += math.prod(shapes[n])
-            for n, node in leaves.items():
-                if n not in ins:
-                    ins[n] = torch.zeros(shapes[n], dtype=torch_dtype(node.out.dtype), device=self.device)
-            self.inputs[p] = ins
-            self._staging[p] = self._new_staging(ins, staged, flat)
+            self._staging[p] = st = self._new_staging({n: shapes[n] for n in staged})
+            self.inputs[p] = {n: st.device_views[n] if n in staged else
+                              torch.zeros(shapes[n], dtype=torch_dtype(node.out.dtype), device=self.device)
+                              for n, node in leaves.items()}
         self._views: dict[tuple, dict[str, torch.Tensor]] = {}
         self._pad_positions = np.arange(max(max_batch, max_prefill_tokens), dtype=np.int64) % self._pad_mod
         self.seqs: dict[Hashable, _Seq] = {}
@@ -1016,15 +1011,19 @@ class Model:
         if st.done is not None:
             st.done.record()
 
-    def _new_staging(self, ins: dict[str, torch.Tensor], staged: list[str], device_flat: torch.Tensor) -> _Staging:
-        """Host buffers laid out as the device's `device_flat` (the `staged` inputs' views, in that order)."""
+    def _new_staging(self, shapes: dict[str, list[int]]) -> _Staging:
+        """One int64 device buffer whose views are the staged inputs (`shapes`, in order), and its host twin (pinned
+        on a GPU) with the same layout."""
         cuda = self.device.type == "cuda"
+        sizes = {k: math.prod(v) for k, v in shapes.items()}
+        device_flat = torch.zeros(sum(sizes.values()), dtype=torch.int64, device=self.device)
         flat = torch.zeros(device_flat.numel(), dtype=torch.int64, pin_memory=cuda)
-        tensors, off = {}, 0
-        for k in staged:
-            tensors[k] = flat[off:off + ins[k].numel()]
-            off += ins[k].numel()
-        return _Staging(flat, device_flat, tensors, {k: t.numpy() for k, t in tensors.items()},
+        device_views, tensors, off = {}, {}, 0
+        for k, n in sizes.items():
+            device_views[k] = device_flat[off:off + n].view(shapes[k])
+            tensors[k] = flat[off:off + n]
+            off += n
+        return _Staging(flat, device_flat, device_views, tensors, {k: t.numpy() for k, t in tensors.items()},
                         torch.cuda.Event() if cuda else None)
 
     def run_step(self, phase: str, v: dict[str, torch.Tensor]) -> None:
