@@ -45,8 +45,10 @@
 #   bash bench/device_plan.sh s47c           # decode at batch 8-64 with the MoE on the grouped kernel above 8 tokens
 #   bash bench/device_plan.sh s47d           # the MoE decode kernel alone at 16 / 64 tokens: stages apart, occupancy variants
 #   bash bench/device_plan.sh s47e           # MAXNREG 128 (the plain MoE decode render): GPU cases, decode at batch 16 / 64
-#   bash bench/device_plan.sh s48a           # batch decode: the MoE decode kernel's wider programs (alone, GPU cases),
-#                                            # the attention's split rule at batch 16 / 64
+#   bash bench/device_plan.sh s48a           # batch decode's MoE: wider programs, the idx scan, PLAN (alone, GPU
+#                                            # cases), the step at batch 16 / 64 with PLAN
+#   bash bench/device_plan.sh s48b           # the attention's split rule at batch 16 / 64; the runtime's graph decode
+#   bash bench/device_plan.sh s48c           # PLAN and TARGET_PROGRAMS 528 the defaults: GPU cases, decode at batch 1-64
 #   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
 #   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
 #   bash bench/device_plan.sh s46c           # the sliding layers' decode key blocks of 64 / 128 in the decode step
@@ -118,7 +120,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s48b, s48c, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -435,15 +437,32 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step batch-cap 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64
     step batch-nocap 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set moe_nvfp4_decode.MAXNREG=0
     ;;
-  s48a)  # (~8 minutes) batch decode's two levers (s47: the MoE decode kernel's time follows its programs at 16-64
-    # tokens; the attention reads K / V at ~45% of the read rate with 2 programs an SM): the wide renders' and the wider
-    # idx scan's GPU cases (bitwise the default render's), the kernel alone at 16 / 64 tokens with them, then the
-    # decode step at batch 16 / 64 with 4 and 8 attention programs an SM
-    tests t-wide 150 tests/gpu/test_kernels_moe_gpu.py -k register_cap
+  s48a)  # (~8 minutes) batch decode's MoE (s47: the MoE decode kernel's time follows its programs at 16-64 tokens):
+    # the kernel alone at 16 / 64 tokens with wider programs, a wider idx scan, and PLAN (the pairs grouped by expert
+    # by a first launch: no scan); their GPU cases (bitwise the default render's); the decode step at batch 16 / 64
+    # with PLAN beside the default
     step moe-decode-wide 150 python3 bench/moe_decode.py --out "$OUT/r" --tokens 16,64 --variants \
-      "default,maxnreg=128,MP=2/maxnreg=128,BLOCK_I=16,BLOCK_I=16/maxnreg=168,RW=64,RW=64/maxnreg=128,BLOCK_I=16/RW=64/maxnreg=168,IDX_CHUNK=128/maxnreg=128,IDX_CHUNK=512/maxnreg=128"
-    step batch-tp528 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=528
-    step batch-tp1056 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=1056
+      "default,maxnreg=128,BLOCK_I=16/maxnreg=168,RW=64/maxnreg=128,BLOCK_I=16/RW=64/maxnreg=168,IDX_CHUNK=128/maxnreg=128,IDX_CHUNK=512/maxnreg=128,PLAN,PLAN/maxnreg=128"
+    tests t-wide 220 tests/gpu/test_kernels_moe_gpu.py -k register_cap
+    step batch-base 120 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64
+    step batch-plan 90 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set moe_nvfp4_decode.PLAN=true
+    ;;
+  s48b)  # (~6 minutes) the attention's split target at batch 16 / 64 (4 and 8 programs an SM; s47: K / V read at
+    # ~45% of the read rate with 2), then the runtime's graph-vs-eager decode with the capped MoE render (s47run6's
+    # was killed at its limit on a fresh machine)
+    step batch-tp528 100 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=528
+    step batch-tp1056 100 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,64 --set attention_decode.TARGET_PROGRAMS=1056
+    step t-rt 150 env BEAMC_RUNTIME_STEPS=1000 PYTEST_LOG=t-rt-pytest PYTEST_TIMEOUT=140 bash bench/gpu_run.sh \
+      tests/gpu/test_runtime_gpu.py -k graph_decode_equals
+    ;;
+  s48c)  # (~7 minutes) the new defaults (moe_nvfp4_decode PLAN, attention_decode TARGET_PROGRAMS 528): the MoE
+    # decode kernel's GPU cases (PLAN's bitwise the scanning render's), the runtime's planned-vs-scanning and
+    # graph-vs-eager decode; then decode at batch 1-64 with them and without (PLAN off, 264), one after the other
+    tests t-moe 150 tests/gpu/test_kernels_moe_gpu.py -k "register_cap or matches or graph or timing"
+    BEAMC_RUNTIME_STEPS=300 tests t-rt 150 tests/gpu/test_runtime_gpu.py -k "planned_moe or graph_decode_equals or every_decode_bucket"
+    step batch-new 120 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,16,64
+    step batch-old 100 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,16,64 \
+      --set moe_nvfp4_decode.PLAN=false --set attention_decode.TARGET_PROGRAMS=264
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the

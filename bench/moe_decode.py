@@ -64,9 +64,18 @@ VARIANTS = (
     ("RW=64/maxnreg=128", {}, {"maxnreg": 128}, {"RW": 64}),
     ("BLOCK_I=16/RW=64/maxnreg=168", {}, {"maxnreg": 168}, {"BLOCK_I": 16, "RW": 64}),
     # every program (a pair's, live or not) scans all T x TOP_K ids in steps of IDX_CHUNK (32: 16 dependent steps at 64
-    # tokens, each a load and a few reductions) before its weights or its exit: fewer, wider steps
-    ("IDX_CHUNK=128/maxnreg=128", {}, {"maxnreg": 128}, {"IDX_CHUNK": 128}),
-    ("IDX_CHUNK=512/maxnreg=128", {}, {"maxnreg": 128}, {"IDX_CHUNK": 512}),
+    # tokens, each a load and a few reductions) before its weights or its exit: fewer, wider steps (the scanning
+    # render: s48run1, T 64 603.4 -> 541.3 / 403.6 us; PLAN 289.1)
+    ("IDX_CHUNK=128/maxnreg=128", {}, {"maxnreg": 128}, {"IDX_CHUNK": 128, "PLAN": False}),
+    ("IDX_CHUNK=512/maxnreg=128", {}, {"maxnreg": 128}, {"IDX_CHUNK": 512, "PLAN": False}),
+    # PLAN (the default since s48run1): a first launch of one program groups the pairs by expert; each stage's
+    # program j then takes item j (its expert and pairs in a few loads) instead of scanning all the ids (steps of more
+    # than 64 pairs: T > 8 at top-8; the plan's launch is in stage 0's time). s48run1 (H100): T 16 189.1 -> 150.8 us,
+    # T 64 688.8 -> 289.1 (with MAXNREG 128: 147.1 / 281.2). "no PLAN": the scanning render
+    ("PLAN", {}, {}, {"PLAN": True}),
+    ("PLAN/maxnreg=128", {}, {}, {"PLAN": True, "MAXNREG": 128}),
+    ("no PLAN", {}, {}, {"PLAN": False}),
+    ("no PLAN/maxnreg=128", {}, {}, {"PLAN": False, "MAXNREG": 128}),
 )
 
 
@@ -156,9 +165,12 @@ def main(argv=None) -> dict:
                 consts = dict(m.constexprs(T, lname == "relaid"), **cover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 h = torch.empty(m.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
-                grids = ((T * K, -(-I // m.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
+                grids = m.stage_grids(T, consts) if hasattr(m, "stage_grids") else (
+                    (T * K, -(-I // m.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
 
                 def stage(s, consts=consts, y=y, h=h, params=ps, ids=idx, m=m, oover=oover):
+                    if s == 0 and consts.get("PLANNED"):  # (PLAN: the plan's launch first, in stage 0's time)
+                        m.plan(ids, h, T, consts)
                     cx, o = m.stage_launch(s, consts)  # (KSPLIT 8: each stage its own binary and warps)
                     return m.kernel[grids[s]](x, ids, *params, y, h, T, x.stride(0), s, **cx, **dict(o, **oover))
 

@@ -305,6 +305,14 @@ MOE_CASES = {
     # the idx scan in steps wider than the pairs (one masked step), and of 16 over 24 pairs (two, the second masked)
     "tp2-T8-relaid-chunk128": (2, dict(IDX_CHUNK=128), 8, True, "shared"),
     "E5-T8-raw-bad-ids-chunk16": (1, dict(_odd(5, 384, 96, 3), IDX_CHUNK=16), 8, False, "bad"),
+    # PLAN: the pairs grouped by expert by a first launch (a counting sort by atomics), each stage's program j on
+    # item j: shared experts; bad ids (their own bucket, zero rows); every pair on one expert (items of MP, more
+    # pairs than MP); and a step below PLAN_MIN_PAIRS (the scan, in the same render)
+    "tp2-T8-relaid-plan": (2, dict(PLAN=True, PLAN_MIN_PAIRS=0), 8, True, "shared"),
+    "E5-T8-raw-bad-ids-plan": (1, dict(_odd(5, 384, 96, 3), PLAN=True, PLAN_MIN_PAIRS=0), 8, False, "bad"),
+    "E7-T8-relaid-one-expert-plan-mp2": (1, dict(_odd(7, 128, 32, 2), PLAN=True, PLAN_MIN_PAIRS=0, MP_MAX=2), 8,
+                                         True, "one"),
+    "tp1-T3-relaid-plan-below": (1, dict(PLAN=True, PLAN_MIN_PAIRS=64), 3, True, "shared"),
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 
@@ -347,7 +355,7 @@ def check_moe(label: str, tiny, kdir, pdl: bool = False) -> dict:
     mod.launch(x, idx, *(mod.relayout(params) if relaid else params), y, scratch)
     assert torch.isnan(scratch[n:]).all(), "a write past scratch_numel(T)"
     assert torch.isfinite(y).all()
-    h_err = rel_max(scratch[:n].view(T, k, I), h_reference(x, idx, params))
+    h_err = rel_max(scratch[:T * k * I].view(T, k, I), h_reference(x, idx, params))  # (PLAN: the plan after h)
     err = rel_max(y, y_reference(x, idx, params))
     assert h_err < 1e-5 and err < 1e-5, (h_err, err)
     bad = (idx < 0) | (idx >= E)
@@ -573,7 +581,8 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
     """(label, constants, (T, relaid): the launch whose compile-time constants to use): bf16 at the full spec's TP-8
     shapes (re-laid-out weights at T 1, 8 and 64, ModelOpt's at T 1) and the tiny spec's (TP 1, 2) as rendered by
     default (PDL on), and the tiny spec's TP 1 again with PDL off; the register cap at T 64 (MAXNREG 128, as the
-    emitter renders the plain kernel on sm90) and the wider programs (16 rows of I, 64 of H a warp) at T 64; the COMBINE (and its 64 A rows a stage-1 warp at T
+    emitter renders the plain kernel on sm90), the wider programs (16 rows of I, 64 of H a warp) and the scanning
+    render (PLAN off) at T 64 (PLAN, the default: the planned binary first, then the scanning one and the plan's); the COMBINE (and its 64 A rows a stage-1 warp at T
     8) and SCAN_T1-off renders at TP 8, and
     the PDL trigger at once (LATE_TRIGGER off) and after both stages' K loops (LATE_TRIGGER1 on); stage 0 on 8 warps
     (KSPLIT 8: each stage its own binary)."""
@@ -582,6 +591,7 @@ def _variants() -> list[tuple[str, dict, tuple[int, bool]]]:
             ("full-tp8,T8", moe_constants(full, 8), (8, True)), ("full-tp8,T64", moe_constants(full, 8), (64, True)),
             ("full-tp8,maxnreg128,T64", dict(moe_constants(full, 8), MAXNREG=128), (64, True)),
             ("full-tp8,bi16-rw64,T64", dict(moe_constants(full, 8), BLOCK_I=16, RW=64), (64, True)),
+            ("full-tp8,no-plan,T64", dict(moe_constants(full, 8), PLAN=False), (64, True)),
             ("tiny-tp1", moe_constants(tiny, 1), (1, True)), ("tiny-tp2", moe_constants(tiny, 2), (3, True)),
             ("tiny-tp1,no-pdl", dict(moe_constants(tiny, 1), PDL=False), (1, True)),
             ("full-tp8,combine", dict(moe_constants(full, 8), COMBINE=True, ROUTED_SCALE=2.5), (1, True)),
@@ -678,8 +688,8 @@ def test_aot_compile_every_variant(tmp_path):
         assert r["coop"] == r["persist"], r
         if r["persist"]:
             assert min(r["barrier"]) > 0 and r["barrier"] == sorted(r["barrier"]), r
-    assert len(results) == 2 * len(_variants()) == 34
-    assert sum(r["pdl"] for r in results) == 32 and sum(r["persist"] for r in results) == 4
+    assert len(results) == 2 * len(_variants()) == 36
+    assert sum(r["pdl"] for r in results) == 34 and sum(r["persist"] for r in results) == 4
     capped = [r for r in results if "maxnreg128" in r["label"]]  # (the cap holds: 4 programs of 4 warps an SM)
     assert len(capped) == 2 and all(r["regs"] is None or r["regs"] <= 128 for r in capped), capped
 

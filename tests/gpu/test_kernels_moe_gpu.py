@@ -199,21 +199,32 @@ def test_moe_nvfp4_decode_ksplit8(T, relaid, scan, kind, tmp_path_factory):
 
 WIDE_RENDERS = {"maxnreg128": dict(MAXNREG=128), "bi16": dict(BLOCK_I=16), "rw64": dict(RW=64),
                 "bi16-rw64-cap168": dict(BLOCK_I=16, RW=64, MAXNREG=168),
-                "idx128-cap128": dict(IDX_CHUNK=128, MAXNREG=128)}
+                "idx128-cap128": dict(IDX_CHUNK=128, MAXNREG=128, PLAN=False),
+                # PLAN (the default): the pairs grouped by expert by a first launch (from 65 pairs; every step with
+                # PLAN_MIN_PAIRS 0), against the scanning render as the rest
+                "plan": dict(PLAN=True), "plan-cap128": dict(PLAN=True, MAXNREG=128),
+                "plan-all-cap128": dict(PLAN=True, PLAN_MIN_PAIRS=0, MAXNREG=128)}
+SCANNING = dict(PLAN=False)  # the reference render of test_moe_nvfp4_decode_register_cap: every program scans idx
 
 
 @pytest.mark.parametrize("render", sorted(WIDE_RENDERS))
 @pytest.mark.parametrize("T,kind", [(3, "bad"), (16, "distinct"), (64, "distinct"), (64, "skewed")])
 def test_moe_nvfp4_decode_register_cap(T, kind, render, tmp_path_factory):
     """The plain render's register cap (MAXNREG 128: the emitter's on sm90, 4 programs an SM), the wider programs
-    (16 rows of I a stage-0 program, 64 rows of H a stage-1 warp; with a cap) and the idx scan in steps of 128: y and
-    h bitwise equal to the default render's on the same inputs (each row's dot runs the same K steps in the same
-    order, an expert's pairs in the same columns), eager and in a CUDA-graph replay."""
+    (16 rows of I a stage-0 program, 64 rows of H a stage-1 warp; with a cap), the idx scan in steps of 128 and PLAN
+    (the pairs grouped by a first launch): y and h bitwise equal to the default render's on the same inputs (each
+    row's dot runs the same K steps in the same order; a pair's column of the MMA changes none of its bits), eager
+    and in a CUDA-graph replay. The reference is the scanning render (PLAN off; the other renders keep the default
+    PLAN)."""
     if render not in _CACHE:
         _CACHE[render] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), **WIDE_RENDERS[render])),
                                      tmp_path_factory.mktemp("moe_wide"))
-    wide, plain = _CACHE[render], _module(None, tmp_path_factory)
+    if "scanning" not in _CACHE:
+        _CACHE["scanning"] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), **SCANNING)),
+                                         tmp_path_factory.mktemp("moe_scan"))
+    wide, plain = _CACHE[render], _CACHE["scanning"]
     assert wide.OPTIONS.get("maxnreg") == WIDE_RENDERS[render].get("MAXNREG") and "maxnreg" not in plain.OPTIONS
+    assert not plain.PLAN and wide.PLAN == WIDE_RENDERS[render].get("PLAN", True)
     c = _constants()
     g = torch.Generator().manual_seed(40 + T)
     x = torch.randn(T, c["H"], generator=g).bfloat16().cuda()
@@ -229,8 +240,9 @@ def test_moe_nvfp4_decode_register_cap(T, kind, render, tmp_path_factory):
     y.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
+    n = T * c["TOP_K"] * c["I"]  # h (PLAN: the plan after it)
     line = dict(T=T, routing=kind, render=render, y_bitwise=bool(torch.equal(outs[0][0], outs[1][0])),
-                h_bitwise=bool(torch.equal(outs[0][1], outs[1][1])), graph_bitwise=bool(torch.equal(y, outs[1][0])),
+                h_bitwise=bool(torch.equal(outs[0][1][:n], outs[1][1][:n])), graph_bitwise=bool(torch.equal(y, outs[1][0])),
                 rel_err=_rel(outs[1][0], y_reference(x, idx, _weights(False))))
     SUMMARY.setdefault("wide_renders", []).append(line)
     print(f"moe_nvfp4_decode {render}: {line}")

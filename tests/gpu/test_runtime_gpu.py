@@ -229,6 +229,24 @@ def test_graph_decode_equals_eager_decode_bitwise(tiny_ckpt_nvfp4, pkg_bf16, sum
     assert len(a) == len(b) and all(same)
 
 
+def test_planned_moe_equals_the_scanning_one_bitwise(tiny_spec, tiny_ckpt_nvfp4, tmp_path_factory, summary):
+    """moe_nvfp4_decode's PLAN (the default from 65 pairs) on every step (`--set moe_nvfp4_decode.PLAN_MIN_PAIRS=0`:
+    the tiny spec's steps have at most 8 x 4 pairs in decode) against the scanning render (`PLAN=false`): a ragged
+    run of min(BEAMC_RUNTIME_STEPS, 300) steps (prefill chunks of 1-39 tokens, decode of 1-8 sequences), graph
+    replays and eager steps, every output bitwise equal (a pair's MMA column changes none of its bits)."""
+    pkgs = {name: _package(tiny_spec, tmp_path_factory, None, template_overrides={"moe_nvfp4_decode": pin})
+            for name, pin in (("plan", {"PLAN_MIN_PAIRS": 0}), ("scan", {"PLAN": False}))}
+    steps, kw = min(STEPS, 300), dict(max_context=128, max_prefill_tokens=64)
+    runs = {label: _ragged_run(_load(pkgs[name], tiny_ckpt_nvfp4, **kw, **extra), steps)
+            for label, name, extra in (("plan", "plan", {}), ("plan_eager", "plan", {"eager": True}),
+                                       ("scan", "scan", {}))}
+    same = {k: [bool(torch.equal(x, y)) for x, y in zip(runs["plan"], runs[k])] for k in ("plan_eager", "scan")}
+    summary["planned_moe"] = {"steps": steps, "outputs": len(runs["plan"]),
+                              **{f"bitwise_equal_{k}": sum(v) for k, v in same.items()}}
+    assert all(len(r) == len(runs["plan"]) for r in runs.values()) and all(torch.isfinite(x).all() for x in runs["plan"])
+    assert all(same["plan_eager"]) and all(same["scan"]), summary["planned_moe"]
+
+
 def _tp2_rank_runs(spec, ckpt, tmp_path_factory, monkeypatch, options: dict, check, runs: tuple,
                    models: dict | None = None):
     """One TP-2 rank's share on one GPU (collectives skipped, the all-gather then a copy): a package for each
