@@ -106,7 +106,8 @@ def test_moe_nvfp4_decode_matches_reference(T, relaid, pdl, kind, tmp_path_facto
     assert torch.isfinite(y).all()
     ref = y_reference(x, idx, params)
     err = _rel(y, ref)
-    h_err = _rel(scratch[:mod.scratch_numel(T)].view(T, c["TOP_K"], c["I"]), h_reference(x, idx, params))
+    h = scratch[:T * c["TOP_K"] * c["I"]].view(T, c["TOP_K"], c["I"])  # (PLAN: the plan after h)
+    h_err = _rel(h, h_reference(x, idx, params))
     exact = (y == ref).float().mean().item()
     bad = (idx < 0) | (idx >= c["E"])
     line = dict(T=T, relaid=relaid, pdl=mod.PDL, routing=kind, rel_err=err, h_rel_err=h_err,
