@@ -542,7 +542,7 @@ def test_rendered_module_contract(paged, fp8, kdir):
 
 def test_split_rule(kdir):
     """T = 1 at the TP-8 shapes fills the GPU (>= 2 programs per SM of 132) and gives >= 128 splits at 100K context
-    (full layer); a sliding layer never splits past its window's blocks; the scratch bound covers any context."""
+    (full layer), batches of 16 and more aim at 4 programs an SM; a sliding layer never splits past its window's blocks; the scratch bound covers any context."""
     full = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 0, page=16)), kdir)
     slide = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 512)), kdir)
     s = full.num_splits(1, 131072)
@@ -551,7 +551,10 @@ def test_split_rule(kdir):
     for T in (1, 3, 16, 64, 1000):
         for m in (16, 4096, 10**6):
             assert full.scratch_numel(T) >= full.scratch_numel(T, full.num_splits(T, m))
-        assert full.num_splits(T, 10**6) * T * full.HKV >= min(full.TARGET_PROGRAMS, T * full.MAX_SPLITS)
+        target = full.BATCH_TARGET_PROGRAMS if T >= full.BATCH_MIN_TOKENS else full.TARGET_PROGRAMS
+        assert full.num_splits(T, 10**6) * T * full.HKV >= min(target, T * full.MAX_SPLITS)
+    # (from BATCH_MIN_TOKENS tokens on, 4 programs an SM, not 2: the full layers' walks over 100K contexts)
+    assert (full.num_splits(8, 10**6), full.num_splits(16, 10**6), full.num_splits(64, 10**6)) == (33, 33, 9)
 
 
 def _stage0_loads(cubin: bytes, tmp: Path) -> tuple[int, int]:
