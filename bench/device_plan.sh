@@ -476,8 +476,8 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
   s48e)  # (~3 minutes) where the planned MoE decode kernel stops winning: alone at 64 / 128 / 256 tokens (L2 flushed;
     # the read floor of the same bytes beside it) against the grouped prefill kernel's default render at the same
     # sizes (what steps of 65+ tokens run now: MOE_DECODE_MAX_TOKENS 64)
-    step moe-decode-big 100 python3 bench/moe_decode.py --out "$OUT/r" --tokens 64,128,256 --variants "default,no PLAN"
-    step moe-prefill-small 100 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
+    step moe-decode-big 70 python3 bench/moe_decode.py --out "$OUT/r" --tokens 64,128,256 --variants "default,no PLAN"
+    step moe-prefill-small 70 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the
