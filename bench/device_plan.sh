@@ -51,6 +51,7 @@
 #   bash bench/device_plan.sh s48c           # PLAN and TARGET_PROGRAMS 528 the defaults: GPU cases, decode at batch 1-64
 #   bash bench/device_plan.sh s48d           # s48c's failed steps again
 #   bash bench/device_plan.sh s48e           # the planned MoE decode kernel at 64-256 tokens against the grouped kernel
+#   bash bench/device_plan.sh s48f           # s48e, then decode at batch 128 with the MoE decode kernel up to 128 tokens
 #   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
 #   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
 #   bash bench/device_plan.sh s46c           # the sliding layers' decode key blocks of 64 / 128 in the decode step
@@ -122,7 +123,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s48b, s48c, s48d, s48e, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s48b, s48c, s48d, s48e, s48f, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -478,6 +479,13 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     # sizes (what steps of 65+ tokens run now: MOE_DECODE_MAX_TOKENS 64)
     step moe-decode-big 70 python3 bench/moe_decode.py --out "$OUT/r" --tokens 64,128,256 --variants "default,no PLAN"
     step moe-prefill-small 70 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
+    ;;
+  s48f)  # (~6 minutes) s48e, then decode at batch 64 / 128 (32K contexts: 128 sequences' caches fit beside the weights)
+    # with the MoE decode kernel up to 64 tokens (the emitter's: batch 128 on the grouped kernel) and up to 128
+    step moe-decode-big 90 python3 bench/moe_decode.py --out "$OUT/r" --tokens 64,128,256 --variants "default,no PLAN"
+    step moe-prefill-small 90 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
+    step batch128-64 130 python3 bench/decode_batch.py --out "$OUT/r" --batches 64,128 --context 32768
+    step batch128-128 90 python3 bench/decode_batch.py --out "$OUT/r" --batches 64,128 --context 32768 --moe-decode-max-tokens 128
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the
