@@ -695,6 +695,40 @@ def test_unfused_package_runs_and_equals_the_reference_session(spec_yaml, tiny_c
     assert max(run_interpreted(["-c", code], out)["errs"]) < 1e-5
 
 
+def _planned_main(out: str, ckpt: str) -> None:
+    """The child of test_planned_moe_package_equals_the_reference_session (TRITON_INTERPRET=1)."""
+    from beamc.codegen.package import compile_package
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.model import Model
+    from beamc.runtime.session import ReferenceSession
+    from beamc.spec import load_spec
+
+    spec = load_spec(TINY)
+    pkg = compile_package(spec, passes=select_passes("all"), dtype="f32",
+                          template_overrides={"moe_nvfp4_decode": {"PLAN_MIN_PAIRS": 0}}).write(Path(out).parent / "pkg")
+    m = Model.load(pkg, ckpt, device="cpu", max_batch=2, max_context=32, max_prefill_tokens=16, prefill_buckets=[16])
+    planned = [ln.kernel.constants.get("PLAN_MIN_PAIRS") for _, ln in m.package.steps["decode"].launches
+               if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"]
+    ref = ReferenceSession.from_checkpoint(spec, ckpt, max_seqs=2, max_len=32, max_chunk=16)
+    seqs = [_ids(10, 50), _ids(4, 51)]
+    errs = [rel_err(m.prefill([0, 1], seqs), torch.stack([x[-1] for x in ref.prefill(list(enumerate(seqs)))])),
+            rel_err(m.decode([0, 1], [5, 6]), ref.decode({0: 5, 1: 6}))]
+    Path(out).write_text(json.dumps({"errs": errs, "planned": planned}))
+
+
+def test_planned_moe_package_equals_the_reference_session(tiny_ckpt_nvfp4, tmp_path):
+    """The MoE decode kernel's PLAN on every step (`--set moe_nvfp4_decode.PLAN_MIN_PAIRS=0`: the tiny spec's steps
+    have too few pairs for the default 64): a ragged prefill of 14 tokens and a decode step of 2 through the
+    compiled fp32 package under the interpreter equal the reference session (the pairs grouped by expert in a first
+    launch, each program on one item; NVFP4 experts)."""
+    out = tmp_path / "planned.json"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
+            f"t._planned_main({str(out)!r}, {str(tiny_ckpt_nvfp4)!r})")
+    r = run_interpreted(["-c", code], out)
+    assert r["planned"] and all(x == 0 for x in r["planned"]), r
+    assert max(r["errs"]) < 1e-5, r
+
+
 def test_load_rebuilds_packages_with_overrides_and_either_prefill_gate(tiny_spec, tiny_ckpt_nvfp4, tmp_path,
                                                                        monkeypatch):
     """Model.load rebuilds a package from its manifest and refuses one it would not generate: a package compiled
