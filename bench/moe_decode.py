@@ -165,8 +165,7 @@ def main(argv=None) -> dict:
                 consts = dict(m.constexprs(T, lname == "relaid"), **cover)
                 y = torch.full((T, K, H), float("nan"), dtype=torch.bfloat16, device="cuda")
                 h = torch.empty(m.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
-                grids = m.stage_grids(T, consts) if hasattr(m, "stage_grids") else (
-                    (T * K, -(-I // m.BLOCK_I)), (T * K, -(-H // (4 * consts["RW"]))))
+                grids = m.stage_grids(T, consts)  # (PLANNED: the plan's items on the first axis)
 
                 def stage(s, consts=consts, y=y, h=h, params=ps, ids=idx, m=m, oover=oover):
                     if s == 0 and consts.get("PLANNED"):  # (PLAN: the plan's launch first, in stage 0's time)
