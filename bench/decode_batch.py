@@ -63,6 +63,9 @@ def main(argv=None) -> dict:
                     help="compile with emitters.MOE_DECODE_MAX_TOKENS = N: steps of more tokens run the MoE experts "
                          "on the grouped (sorted-by-expert) kernel instead of moe_nvfp4_decode (default: the "
                          "emitter's)")
+    ap.add_argument("--router-large-min-tokens", type=int, default=None, metavar="N",
+                    help="compile with emitters.ROUTER_DECODE_LARGE_MIN_TOKENS = N: decode steps of N tokens or more "
+                         "run the router's large (tensor-core) path instead of its small-M one (default: none)")
     add_set_arg(ap)
     a = ap.parse_args(argv)
     overrides = set_overrides(a, "decode_batch.py")
@@ -77,6 +80,8 @@ def main(argv=None) -> dict:
 
     if a.moe_decode_max_tokens is not None:
         emitters.MOE_DECODE_MAX_TOKENS = a.moe_decode_max_tokens
+    if a.router_large_min_tokens is not None:
+        emitters.ROUTER_DECODE_LARGE_MIN_TOKENS = a.router_large_min_tokens
     single_rank_collectives()
     t0 = time.perf_counter()
     room = 2 * a.steps + 8
@@ -87,6 +92,7 @@ def main(argv=None) -> dict:
     facts: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
                    "dry": a.dry, "note": SKIPPED, "tp": a.tp, "context": a.context, "steps": a.steps,
                    "moe_decode_max_tokens": emitters.MOE_DECODE_MAX_TOKENS,
+                   "router_decode_large_min_tokens": emitters.ROUTER_DECODE_LARGE_MIN_TOKENS,
                    "template_overrides": package.template_overrides,
                    "env": {"torch": torch.__version__,
                            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"},
@@ -114,7 +120,8 @@ def main(argv=None) -> dict:
     facts["total_s"] = round(time.perf_counter() - t0, 1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = ("" if a.moe_decode_max_tokens is None else f"-moe{a.moe_decode_max_tokens}") + "".join(
+    tag = ("" if a.moe_decode_max_tokens is None else f"-moe{a.moe_decode_max_tokens}") + (
+        "" if a.router_large_min_tokens is None else f"-router{a.router_large_min_tokens}") + "".join(
         "-" + o.split(".", 1)[-1].replace("=", "") for o in a.set)  # (--set a.B=4: -B4)
     path = out / f"decode-batch-{facts['date']}{tag}{'-dry' if a.dry else ''}.json"
     path.write_text(json.dumps(facts, indent=1) + "\n")

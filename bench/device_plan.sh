@@ -482,12 +482,14 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     ;;
   s48f)  # (~7 minutes) s48e, then decode at batch 64 / 128 (32K contexts: 128 sequences' caches fit beside the weights)
     # with the MoE decode kernel up to 64 tokens (the emitter's: batch 128 on the grouped kernel) and up to 128; the
-    # router's small-M path (decode's) against its large one at 8-64 tokens (s48run4: 42 us a layer at batch 64)
+    # router's small-M path (decode's) against its large one at 8-64 tokens (s48run4: 42 us a layer at batch 64), alone
+    # and in the step (the large path from 16 decode tokens on, beside batch128-64's step)
     step moe-decode-big 90 python3 bench/moe_decode.py --out "$OUT/r" --tokens 64,128,256 --variants "default,no PLAN"
     step moe-prefill-small 90 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
     step batch128-64 130 python3 bench/decode_batch.py --out "$OUT/r" --batches 64,128 --context 32768
     step batch128-128 90 python3 bench/decode_batch.py --out "$OUT/r" --batches 64,128 --context 32768 --moe-decode-max-tokens 128
     step router-tokens 60 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
+    step batch-router16 80 python3 bench/decode_batch.py --out "$OUT/r" --batches 64,128 --context 32768 --router-large-min-tokens 16
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the

@@ -695,37 +695,43 @@ def test_unfused_package_runs_and_equals_the_reference_session(spec_yaml, tiny_c
     assert max(run_interpreted(["-c", code], out)["errs"]) < 1e-5
 
 
-def _planned_main(out: str, ckpt: str) -> None:
-    """The child of test_planned_moe_package_equals_the_reference_session (TRITON_INTERPRET=1)."""
+def _batch_options_main(out: str, ckpt: str) -> None:
+    """The child of test_batch_decode_options_equal_the_reference_session (TRITON_INTERPRET=1)."""
+    from beamc.codegen import emitters
     from beamc.codegen.package import compile_package
     from beamc.passes.manager import select_passes
     from beamc.runtime.model import Model
     from beamc.runtime.session import ReferenceSession
     from beamc.spec import load_spec
 
+    emitters.ROUTER_DECODE_LARGE_MIN_TOKENS = 2  # (this child process only: the load's rebuild sees it too)
     spec = load_spec(TINY)
     pkg = compile_package(spec, passes=select_passes("all"), dtype="f32",
                           template_overrides={"moe_nvfp4_decode": {"PLAN_MIN_PAIRS": 0}}).write(Path(out).parent / "pkg")
     m = Model.load(pkg, ckpt, device="cpu", max_batch=2, max_context=32, max_prefill_tokens=16, prefill_buckets=[16])
-    planned = [ln.kernel.constants.get("PLAN_MIN_PAIRS") for _, ln in m.package.steps["decode"].launches
-               if ln.kernel is not None and ln.kernel.template == "moe_nvfp4_decode"]
+    launches = [ln for _, ln in m.package.steps["decode"].launches if ln.kernel is not None]
+    planned = [ln.kernel.constants.get("PLAN_MIN_PAIRS") for ln in launches if ln.kernel.template == "moe_nvfp4_decode"]
+    routers = sorted({(ln.kernel.constants["PATH"], ln.min_tokens, ln.max_tokens) for ln in launches
+                      if ln.kernel.template == "moe_router"})
     ref = ReferenceSession.from_checkpoint(spec, ckpt, max_seqs=2, max_len=32, max_chunk=16)
     seqs = [_ids(10, 50), _ids(4, 51)]
     errs = [rel_err(m.prefill([0, 1], seqs), torch.stack([x[-1] for x in ref.prefill(list(enumerate(seqs)))])),
-            rel_err(m.decode([0, 1], [5, 6]), ref.decode({0: 5, 1: 6}))]
-    Path(out).write_text(json.dumps({"errs": errs, "planned": planned}))
+            rel_err(m.decode([0, 1], [5, 6]), ref.decode({0: 5, 1: 6})), rel_err(m.decode([0], [7]), ref.decode({0: 7}))]
+    Path(out).write_text(json.dumps({"errs": errs, "planned": planned, "routers": routers}))
 
 
-def test_planned_moe_package_equals_the_reference_session(tiny_ckpt_nvfp4, tmp_path):
-    """The MoE decode kernel's PLAN on every step (`--set moe_nvfp4_decode.PLAN_MIN_PAIRS=0`: the tiny spec's steps
-    have too few pairs for the default 64): a ragged prefill of 14 tokens and a decode step of 2 through the
-    compiled fp32 package under the interpreter equal the reference session (the pairs grouped by expert in a first
-    launch, each program on one item; NVFP4 experts)."""
-    out = tmp_path / "planned.json"
+def test_batch_decode_options_equal_the_reference_session(tiny_ckpt_nvfp4, tmp_path):
+    """Two batch-decode options through the compiled fp32 package under the interpreter: the MoE decode kernel's
+    PLAN on every step (`--set moe_nvfp4_decode.PLAN_MIN_PAIRS=0`: the tiny spec's steps have too few pairs for the
+    default 64; the pairs grouped by expert in a first launch, each program on one item; NVFP4 experts) and the
+    router's large path from 2 decode tokens on (`emitters.ROUTER_DECODE_LARGE_MIN_TOKENS`; the small path at 1): a
+    ragged prefill of 14 tokens, a decode step of 2 and one of 1 equal the reference session."""
+    out = tmp_path / "batch_options.json"
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
-            f"t._planned_main({str(out)!r}, {str(tiny_ckpt_nvfp4)!r})")
+            f"t._batch_options_main({str(out)!r}, {str(tiny_ckpt_nvfp4)!r})")
     r = run_interpreted(["-c", code], out)
     assert r["planned"] and all(x == 0 for x in r["planned"]), r
+    assert r["routers"] == [["large", 2, None], ["small", 0, 1]], r
     assert max(r["errs"]) < 1e-5, r
 
 

@@ -183,16 +183,35 @@ def _qk_constants(a: dict) -> dict:
 ROUTER_PREFILL_TILES = dict(BLOCK_M=2)
 
 
+# decode steps of at least this many tokens take the router's large (tensor-core) path, as prefill does; None: the
+# small-M path at every decode step (the default). Why it may pay: at batch 64 the small path took 2,048 us of a
+# 26.9 ms step (42 us a layer; H100, s48run4), and each of its programs reads its block of W once per 8 tokens;
+# measured next in `bench/device_plan.sh s48f` (`bench/router_decode.py --tokens`, `bench/decode_batch.py
+# --router-large-min-tokens N`)
+ROUTER_DECODE_LARGE_MIN_TOKENS: int | None = None
+
+
 @emits("moe_router")
 def _moe_router(node: Node, g: Graph, ctx: Context) -> list[Launch]:
-    """Decode steps take the small-M path (the weight read split over the whole GPU), prefill the tensor-core one."""
+    """Decode steps take the small-M path (the weight read split over the whole GPU), prefill the tensor-core one
+    (and decode steps of ROUTER_DECODE_LARGE_MIN_TOKENS tokens or more, where that is set)."""
     a = node.attrs
     x, w = node.inputs[:2]
-    path = "small" if g.meta["phase"] == "decode" else "large"
-    tiles = ROUTER_PREFILL_TILES if path == "large" and ctx.target == "sm90" else {}
-    return [kernel(node, "moe_router", ctx, H=last_dim(x), E=w.shape[0], N_GROUP=a["n_group"],
-                   TOPK_GROUP=a["topk_group"], TOP_K=a["top_k"], RENORMALIZE=bool(a["renormalize"]), EPS=a["eps"],
-                   PATH=path, **tiles)]
+
+    def router(path: str) -> Launch:
+        tiles = ROUTER_PREFILL_TILES if path == "large" and ctx.target == "sm90" else {}
+        return kernel(node, "moe_router", ctx, H=last_dim(x), E=w.shape[0], N_GROUP=a["n_group"],
+                      TOPK_GROUP=a["topk_group"], TOP_K=a["top_k"], RENORMALIZE=bool(a["renormalize"]), EPS=a["eps"],
+                      PATH=path, **tiles)
+
+    if g.meta["phase"] != "decode":
+        return [router("large")]
+    n = ROUTER_DECODE_LARGE_MIN_TOKENS
+    if n is None:
+        return [router("small")]
+    choice = {"large_from_tokens": n, "basis": "ROUTER_DECODE_LARGE_MIN_TOKENS (a benchmark's setting)"}
+    return [dataclasses.replace(router("small"), max_tokens=n - 1, choice=choice),
+            dataclasses.replace(router("large"), min_tokens=n, choice=choice)]
 
 
 # ---------------------------------------------------------------- GEMMs: the generated small-M kernel where measured
