@@ -34,6 +34,14 @@ from full_model import (SKIPPED, add_common_args, add_set_arg, bench_spec, decod
                         load_rank_model, replay, set_overrides, single_rank_collectives, timed)
 
 
+# options that set an emitter constant before the compile: flag -> (constant, file-name tag, what it does)
+EMITTER_OPTIONS = {
+    "moe_decode_max_tokens": ("MOE_DECODE_MAX_TOKENS", "moe", "steps of more tokens run the MoE experts on the grouped "
+                              "(sorted-by-expert) kernel instead of moe_nvfp4_decode (default: the emitter's)"),
+    "router_large_min_tokens": ("ROUTER_DECODE_LARGE_MIN_TOKENS", "router", "decode steps of N tokens or more run "
+                                "the router's large (tensor-core) path instead of its small-M one (default: none)")}
+
+
 def step_bytes(model, spec, context: int, batch: int) -> dict[str, float]:
     """Bytes a decode step of `batch` sequences at `context` reads (experts: the expected distinct ones)."""
     one = decode_bytes(model, spec, context)  # batch 1: top_k of the experts, one embedding row, one sequence's K / V
@@ -59,13 +67,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(ap, steps=30, reps=1)
     ap.add_argument("--batches", default="1,2,4,8,16,32,64", help="decode batch sizes (each a bucket)")
-    ap.add_argument("--moe-decode-max-tokens", type=int, default=None, metavar="N",
-                    help="compile with emitters.MOE_DECODE_MAX_TOKENS = N: steps of more tokens run the MoE experts "
-                         "on the grouped (sorted-by-expert) kernel instead of moe_nvfp4_decode (default: the "
-                         "emitter's)")
-    ap.add_argument("--router-large-min-tokens", type=int, default=None, metavar="N",
-                    help="compile with emitters.ROUTER_DECODE_LARGE_MIN_TOKENS = N: decode steps of N tokens or more "
-                         "run the router's large (tensor-core) path instead of its small-M one (default: none)")
+    for flag, (const, _, what) in EMITTER_OPTIONS.items():
+        ap.add_argument(f"--{flag.replace('_', '-')}", type=int, default=None, metavar="N",
+                        help=f"compile with emitters.{const} = N: {what}")
     add_set_arg(ap)
     a = ap.parse_args(argv)
     overrides = set_overrides(a, "decode_batch.py")
@@ -78,10 +82,9 @@ def main(argv=None) -> dict:
 
     from beamc.codegen import emitters
 
-    if a.moe_decode_max_tokens is not None:
-        emitters.MOE_DECODE_MAX_TOKENS = a.moe_decode_max_tokens
-    if a.router_large_min_tokens is not None:
-        emitters.ROUTER_DECODE_LARGE_MIN_TOKENS = a.router_large_min_tokens
+    chosen = {flag: getattr(a, flag) for flag in EMITTER_OPTIONS if getattr(a, flag) is not None}
+    for flag, n in chosen.items():
+        setattr(emitters, EMITTER_OPTIONS[flag][0], n)
     single_rank_collectives()
     t0 = time.perf_counter()
     room = 2 * a.steps + 8
@@ -91,8 +94,7 @@ def main(argv=None) -> dict:
         attention_mirror_pages=0, template_overrides=overrides)
     facts: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
                    "dry": a.dry, "note": SKIPPED, "tp": a.tp, "context": a.context, "steps": a.steps,
-                   "moe_decode_max_tokens": emitters.MOE_DECODE_MAX_TOKENS,
-                   "router_decode_large_min_tokens": emitters.ROUTER_DECODE_LARGE_MIN_TOKENS,
+                   **{const.lower(): getattr(emitters, const) for const, _, _ in EMITTER_OPTIONS.values()},
                    "template_overrides": package.template_overrides,
                    "env": {"torch": torch.__version__,
                            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"},
@@ -120,8 +122,7 @@ def main(argv=None) -> dict:
     facts["total_s"] = round(time.perf_counter() - t0, 1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = ("" if a.moe_decode_max_tokens is None else f"-moe{a.moe_decode_max_tokens}") + (
-        "" if a.router_large_min_tokens is None else f"-router{a.router_large_min_tokens}") + "".join(
+    tag = "".join(f"-{EMITTER_OPTIONS[flag][1]}{n}" for flag, n in chosen.items()) + "".join(
         "-" + o.split(".", 1)[-1].replace("=", "") for o in a.set)  # (--set a.B=4: -B4)
     path = out / f"decode-batch-{facts['date']}{tag}{'-dry' if a.dry else ''}.json"
     path.write_text(json.dumps(facts, indent=1) + "\n")

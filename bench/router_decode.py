@@ -49,11 +49,11 @@ def by_tokens(tokens: list[int], out: Path | None) -> int:
 
     spec = load_spec(ROOT / "models/beam.yaml")
     kdir = tempfile.mkdtemp()
-    mods = {"small": load_kernel(KernelSpec("moe_router", "moe_router", router_constants(spec, "small")), kdir),
-            "large": load_kernel(KernelSpec("moe_router", "moe_router", dict(router_constants(spec, "large"),
+    c = router_constants(spec, "small")
+    mods = {"small": load_kernel(KernelSpec("moe_router", "moe_router", c), kdir),
+            "large": load_kernel(KernelSpec("moe_router", "moe_router", dict(c, PATH="large",
                                                                               **emitters.ROUTER_PREFILL_TILES)), kdir)}
     g = torch.Generator(device="cuda").manual_seed(0)
-    c = router_constants(spec, "small")
     W = torch.randn(c["E"], c["H"], device="cuda", generator=g) * 0.02
     bias = torch.randn(c["E"], device="cuda", generator=g) * 0.01
     rows = []

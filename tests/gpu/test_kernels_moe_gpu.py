@@ -52,6 +52,14 @@ def _module(pdl: bool | None, tmp_path_factory):
     return _CACHE[key]
 
 
+def _rendered(name: str, extra: dict, tmp_path_factory):
+    """The TP-8 bf16 module rendered with `extra` over the default constants, made once per name."""
+    if ("render", name) not in _CACHE:
+        _CACHE[("render", name)] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), **extra)),
+                                               tmp_path_factory.mktemp("moe_render"))
+    return _CACHE[("render", name)]
+
+
 def _weights(relaid: bool, mod=None):
     """The TP-8 experts (quantised on the GPU: 256 experts x 3 parts), made once; re-laid out once."""
     if "params" not in _CACHE:
@@ -217,13 +225,8 @@ def test_moe_nvfp4_decode_register_cap(T, kind, render, tmp_path_factory):
     row's dot runs the same K steps in the same order; a pair's column of the MMA changes none of its bits), eager
     and in a CUDA-graph replay. The reference is the scanning render (PLAN off; the other renders keep the default
     PLAN)."""
-    if render not in _CACHE:
-        _CACHE[render] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), **WIDE_RENDERS[render])),
-                                     tmp_path_factory.mktemp("moe_wide"))
-    if "scanning" not in _CACHE:
-        _CACHE["scanning"] = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(_constants(), **SCANNING)),
-                                         tmp_path_factory.mktemp("moe_scan"))
-    wide, plain = _CACHE[render], _CACHE["scanning"]
+    wide, plain = (_rendered(name, extra, tmp_path_factory)
+                   for name, extra in ((render, WIDE_RENDERS[render]), ("scanning", SCANNING)))
     assert wide.OPTIONS.get("maxnreg") == WIDE_RENDERS[render].get("MAXNREG") and "maxnreg" not in plain.OPTIONS
     assert not plain.PLAN and wide.PLAN == WIDE_RENDERS[render].get("PLAN", True)
     c = _constants()
