@@ -1,5 +1,7 @@
 """The MoE combine in the decode kernel's down epilogue (the combine_experts pass, COMBINE render) against the two
-launches it replaces (the plain render's y, then the `moe_combine` kernel), at one TP-8 rank's shapes on the H200.
+launches it replaces (the plain render's y, then the `moe_combine` kernel), at one TP-8 rank's shapes on the H200;
+`--planned` adds a third route: the plain render with PLAN on every step (`PLAN_MIN_PAIRS` 0: the pairs grouped by
+expert by a first launch, as steps of more than 64 pairs run it; MAXNREG 128, the emitter's) then `moe_combine`.
 
     python bench/moe_combine.py --out DIR [--tokens 1,2,4,8]   (prints a table last; DIR/moe-combine-<date>.json)
 
@@ -65,11 +67,14 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--tokens", default="1,2,4,8")
+    ap.add_argument("--planned", action="store_true", help="also time the planned plain render + moe_combine")
     a = ap.parse_args(argv)
     kdir = Path(tempfile.mkdtemp(prefix="moe-combine-"))
     c = moe_constants(load_spec(ROOT / "models/beam.yaml"), 8, "bf16")
     plain = load_kernel(KernelSpec(TEMPLATE, "moe_experts", c), kdir)
     fused = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, COMBINE=True, ROUTED_SCALE=SCALE)), kdir)
+    planned = load_kernel(KernelSpec(TEMPLATE, "moe_experts", dict(c, PLAN_MIN_PAIRS=0, MAXNREG=128)),
+                          kdir) if a.planned else None
     comb = load_kernel(KernelSpec("moe_combine", "moe_experts", combine_constants(c, SCALE)), kdir)
     E, H, I, K = c["E"], c["H"], c["I"], c["TOP_K"]
     g = torch.Generator().manual_seed(0)
@@ -89,7 +94,8 @@ def main(argv=None) -> dict:
         buf = torch.randn(nbytes // 4, device="cuda")
         y = torch.empty(T, K, H, dtype=torch.bfloat16, device="cuda")
         h = torch.empty(plain.scratch_numel(T), dtype=torch.bfloat16, device="cuda")
-        outs = [torch.empty(T, H, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+        outs = [torch.empty(T, H, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        hp = torch.empty(planned.scratch_numel(T), dtype=torch.bfloat16, device="cuda") if planned else None
 
         def two(i=0):
             for p in (layers if i is None else [layers[i]]):
@@ -100,10 +106,17 @@ def main(argv=None) -> dict:
             for p in (layers if i is None else [layers[i]]):
                 fused.launch(x, idx, *p, w, outs[1], h)
 
+        def plan(i=0):  # the planned plain render, then the combine (y shared with `two`: replayed apart)
+            for p in (layers if i is None else [layers[i]]):
+                planned.launch(x, idx, *p, y, hp)
+                comb.launch(y, w, idx, outs[2])
+
         for o in outs:
             o.fill_(float("nan"))
         two(0)
         one(0)
+        if planned:
+            plan(0)
         torch.cuda.synchronize()
         ref = combined_reference(x.float(), idx, raws[0], w, SCALE)  # fp32, layer 0's experts
         rec = dict(T=T, experts=int(torch.unique(idx).numel()), bytes=nbytes,
@@ -111,21 +124,27 @@ def main(argv=None) -> dict:
                    rel_err_fused=((outs[1].float() - ref).norm() / ref.norm()).item(),
                    rel_err_two=((outs[0].float() - ref).norm() / ref.norm()).item())
         assert rec["rel_err_fused"] < 1e-2 and rec["rel_err_two"] < 1e-2, rec
-        us = time_alternating({"two": graph(lambda: two(None)), "one": graph(lambda: one(None)),
-                               "sum": graph(lambda: buf.sum())})
+        routes = {"two": graph(lambda: two(None)), "one": graph(lambda: one(None))}
+        if planned:  # a pair's bits do not depend on its item: the plain render's out exactly
+            rec["planned_equal_bits"] = float((outs[0].view(torch.int16) == outs[2].view(torch.int16)).float().mean())
+            routes["plan"] = graph(lambda: plan(None))
+        us = time_alternating(dict(routes, sum=graph(lambda: buf.sum())))
         rec.update(two_launches_us=us["two"] / LAYERS, combined_us=us["one"] / LAYERS, sum_us=us["sum"],
                    read_tb_s=nbytes / us["sum"] / 1e6)
+        if planned:
+            rec["planned_us"] = us["plan"] / LAYERS
         rows.append(rec)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"moe-combine-{facts['date']}.json").write_text(json.dumps(facts, indent=1) + "\n")
     print(f"copy {facts['copy_tb_s']:.2f} TB/s (1 GiB, read + write); us per MoE layer, {LAYERS} layers per graph")
     print(f"{'T':>3} {'experts':>7} {'two launches':>13} {'combined':>9} {'gain':>6} {'sum same bytes':>15} "
-          f"{'bits equal':>10} {'rel err':>8}")
+          f"{'bits equal':>10} {'rel err':>8}" + (f" {'planned':>8} {'plan bits':>9}" if a.planned else ""))
     for r in rows:
         print(f"{r['T']:>3} {r['experts']:>7} {r['two_launches_us']:>13.2f} {r['combined_us']:>9.2f} "
               f"{r['two_launches_us'] - r['combined_us']:>6.2f} {r['sum_us']:>15.2f} {r['equal_bits']:>10.4f} "
-              f"{r['rel_err_fused']:>8.1e}")
+              f"{r['rel_err_fused']:>8.1e}" + (f" {r['planned_us']:>8.2f} {r['planned_equal_bits']:>9.4f}"
+                                               if a.planned else ""))
     return facts
 
 

@@ -555,6 +555,14 @@ def test_split_rule(kdir):
         assert full.num_splits(T, 10**6) * T * full.HKV >= min(target, T * full.MAX_SPLITS)
     # (from BATCH_MIN_TOKENS tokens on, 4 programs an SM, not 2: the full layers' walks over 100K contexts)
     assert (full.num_splits(8, 10**6), full.num_splits(16, 10**6), full.num_splits(64, 10**6)) == (33, 33, 9)
+    # WHOLE_WAVES: the most splits within the target (its whole waves of programs), the same where T divides it
+    whole = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 0, page=16, WHOLE_WAVES=True)), kdir)
+    for T in (1, 2, 3, 5, 7, 8, 16, 32, 48, 64, 100, 128, 1000):
+        target = whole.BATCH_TARGET_PROGRAMS if T >= whole.BATCH_MIN_TOKENS else whole.TARGET_PROGRAMS
+        s = whole.num_splits(T, 10**6)
+        assert s * T <= max(target, T) and (s == whole.MAX_SPLITS or (s + 1) * T > target), (T, s)
+        assert whole.scratch_numel(T) >= whole.scratch_numel(T, s)
+    assert [whole.num_splits(T, 10**6) for T in (1, 8, 16, 32, 64, 128)] == [256, 33, 33, 16, 8, 4]
 
 
 def _stage0_loads(cubin: bytes, tmp: Path) -> tuple[int, int]:
