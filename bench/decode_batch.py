@@ -42,7 +42,9 @@ EMITTER_OPTIONS = {
                                 "the router's large (tensor-core) path instead of its small-M one (default: none)"),
     "moe_combine_max_tokens": ("MOE_COMBINE_MAX_TOKENS", "combine", "steps of up to N tokens run the MoE decode "
                                "kernel's COMBINE render, larger ones its plain render then moe_combine (default: the "
-                               "emitter's)")}
+                               "emitter's)"),
+    "gemv_min_tokens": ("GEMV_MIN_TOKENS", "gemv", "decode GEMMs run the generated gemv up to at least N tokens "
+                        "(default: the measured choices, codegen/measured)")}
 
 
 def step_bytes(model, spec, context: int, batch: int) -> dict[str, float]:

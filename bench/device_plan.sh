@@ -500,7 +500,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     # with COMBINE only at 1 token and the plan from 9 pairs, beside the default in the same call
     step moe-combine-plan 120 python3 bench/moe_combine.py --out "$OUT/r" --tokens 1,2,4,8 --planned
     step batch-default 130 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8
-    step batch-plan8 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8 --moe-combine-max-tokens 1 --set moe_nvfp4_decode.PLAN_MIN_PAIRS=8 --set attention_decode.WHOLE_WAVES=true
+    step batch-plan8 110 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8 --moe-combine-max-tokens 1 --set moe_nvfp4_decode.PLAN_MIN_PAIRS=8 --set attention_decode.WHOLE_WAVES=true --gemv-min-tokens 8
     ;;
   s49b)  # (~3 minutes) the full layers' decode attention at batch 16 / 64 (100K contexts): tile configs x splits
     step attn-batch 200 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 16,64
@@ -509,9 +509,10 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     # then every candidate at once, each on the ops of its own batches (the profile by op tells them apart): the MoE
     # decode kernel up to 128 tokens (64-128: the planned decode kernel instead of the grouped one), the router's large
     # path from 16 tokens, COMBINE at 1 token only with the plan from 9 pairs (2-8 tokens: planned plain + combine),
-    # the full layers' attention splits floored to whole waves (64 / 128 tokens: 8 / 4 splits instead of 9 / 5)
+    # the full layers' attention splits floored to whole waves (64 / 128 tokens: 8 / 4 splits instead of 9 / 5), the
+    # gemv for o_proj at 2-8 tokens (measured alone cuBLAS won from 4; in the step cuBLAS has no PDL overlap)
     step batch-default 200 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768
-    step batch-cands 190 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768 --moe-decode-max-tokens 128 --router-large-min-tokens 16 --moe-combine-max-tokens 1 --set moe_nvfp4_decode.PLAN_MIN_PAIRS=8 --set attention_decode.WHOLE_WAVES=true
+    step batch-cands 190 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768 --moe-decode-max-tokens 128 --router-large-min-tokens 16 --moe-combine-max-tokens 1 --set moe_nvfp4_decode.PLAN_MIN_PAIRS=8 --set attention_decode.WHOLE_WAVES=true --gemv-min-tokens 8
     ;;
   s49d)  # (~8 minutes) the kernels behind s49c: the planned MoE decode kernel at 64-256 tokens beside the grouped
     # kernel, the planned plain render + combine at 1-8 tokens beside COMBINE, the router's two paths at 8-64 tokens,

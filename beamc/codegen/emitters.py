@@ -220,6 +220,12 @@ LIBRARY_GEMM = "cuBLAS through torch: measured faster than the generated kernel 
                "generated large-M GEMM yet (issue 8)"
 GEMV_EPILOGUE = {"linear": "none", "linear_packed": "split", "gate_up_swiglu": "swiglu", "linear_softcap": "softcap"}
 GEMV_MAX_TOKENS = 64  # the gemv template's small-M range
+# GEMV_MIN_TOKENS (None: off): decode GEMMs run the gemv up to at least this many tokens whatever `codegen.choices`
+# measured (a benchmark's setting: `bench/decode_batch.py --gemv-min-tokens`). Why: the choices come from each GEMM
+# alone, where cuBLAS beat the gemv from 4 tokens on for o_proj (3.62 against 3.98 us, H200 s24run5); in the step
+# the library call has no PDL overlap, and o_proj there took 267-328 us a step at 2-8 tokens against the gemv's 172
+# at one (s48run4, H100)
+GEMV_MIN_TOKENS = None
 
 
 def _small_m(node: Node, g: Graph, ctx: Context, library_launches: list[Launch]) -> list[Launch]:
@@ -232,6 +238,11 @@ def _small_m(node: Node, g: Graph, ctx: Context, library_launches: list[Launch])
     K = last_dim(x)
     N = node.out.shape[-1] if node.op != "linear_packed" else sum(node.attrs["splits"])
     c = choose(ctx.target, node.op, K, N, GEMV_MAX_TOKENS)
+    if GEMV_MIN_TOKENS is not None and c.max_tokens < GEMV_MIN_TOKENS:
+        from beamc.codegen.choices import Choice
+
+        c = Choice(min(GEMV_MIN_TOKENS, GEMV_MAX_TOKENS), "GEMV_MIN_TOKENS (a benchmark's setting)", c.figures,
+                   c.source)
     if c.max_tokens < 1:
         return [dataclasses.replace(ln, choice=c.record()) for ln in library_launches]
     epi = GEMV_EPILOGUE[node.op]
