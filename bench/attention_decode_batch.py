@@ -46,7 +46,9 @@ CONFIGS = (("default", {}), ("bn32", dict(BLOCK_N=32)), ("bn16", dict(BLOCK_N=16
            ("w8/bn32", dict(NUM_WARPS=8, BLOCK_N=32)), ("w8/bn64", dict(NUM_WARPS=8)),
            ("prefetch2", dict(PREFETCH=2)), ("no-prefetch", dict(PREFETCH=False)),
            ("bn128/no-prefetch", dict(BLOCK_N=128, PREFETCH=False)), ("w2/bn64", dict(NUM_WARPS=2, BLOCK_N=64)),
-           ("bn32/prefetch2", dict(BLOCK_N=32, PREFETCH=2)))
+           ("bn32/prefetch2", dict(BLOCK_N=32, PREFETCH=2)),
+           # 4 programs an SM: blocks of 32 capped at 128 registers (no stack: Triton 3.6, sm_90a, the QKN render)
+           ("bn32/maxnreg128", dict(BLOCK_N=32, MAXNREG=128)))
 
 
 def tiles(dry: bool, **extra) -> dict:
@@ -117,7 +119,7 @@ def main(argv=None) -> dict:
             m = load_kernel(KernelSpec(TEMPLATE, "attention", tiles(a.dry, **cfg)), kdir)
             base = m.num_splits(B, args[5].shape[1] * PAGE)
             # the rule's splits, half and twice them, and the most within 1 / 2 / 4 waves of 264 programs (2 an SM)
-            for s in sorted({base, max(1, base // 2), 2 * base} | {max(1, w // B) for w in (264, 528, 1056)}):
+            for s in sorted({base, max(1, base // 2), 2 * base} | {max(1, w // B) for w in (264, 528, 792, 1056)}):
                 o = torch.full_like(args[0], float("nan"))
                 sc = torch.empty(m.scratch_numel(B, s), dtype=torch.float32, device=device)
                 rec = dict(batch=B, config=label, splits=s, default_split=s == base,

@@ -505,7 +505,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
   s49b)  # (~3 minutes) the full layers' decode attention at batch 16 / 64 (100K contexts): tile configs x splits
     step attn-batch 200 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 16,64
     ;;
-  s49c)  # (~5 minutes; s48f's and s49a's steps in two runs) decode at batch 1-8, 64, 128 (32K contexts): the default,
+  s49c)  # (~9 minutes; s48f's and s49a's steps in two runs, then the attention's register cap in a third) decode at batch 1-8, 64, 128 (32K contexts): the default,
     # then every candidate at once, each on the ops of its own batches (the profile by op tells them apart): the MoE
     # decode kernel up to 128 tokens (64-128: the planned decode kernel instead of the grouped one), the router's large
     # path from 16 tokens, COMBINE at 1 token only with the plan from 9 pairs (2-8 tokens: planned plain + combine),
@@ -513,12 +513,14 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     # gemv for o_proj at 2-8 tokens (measured alone cuBLAS won from 4; in the step cuBLAS has no PDL overlap)
     step batch-default 200 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768
     step batch-cands 190 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768 --moe-decode-max-tokens 128 --router-large-min-tokens 16 --moe-combine-max-tokens 1 --set moe_nvfp4_decode.PLAN_MIN_PAIRS=8 --set attention_decode.WHOLE_WAVES=true --gemv-min-tokens 8
+    # the attention at 4 programs an SM (blocks of 32 keys, 128 registers: no spill) with whole waves, at 64 / 128
+    step batch-attn4 140 python3 bench/decode_batch.py --out "$OUT/r" --batches 64,128 --context 32768 --set attention_decode.BLOCK_N=32 --set attention_decode.MAXNREG=128 --set attention_decode.WHOLE_WAVES=true
     ;;
   s49e)  # (~9 minutes, when little device time is left) s49c, then the decode attention at batch 64 (3 configs) and
     # the router's two paths at 8-64 tokens
     step batch-default 200 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768
     step batch-cands 190 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768 --moe-decode-max-tokens 128 --router-large-min-tokens 16 --moe-combine-max-tokens 1 --set moe_nvfp4_decode.PLAN_MIN_PAIRS=8 --set attention_decode.WHOLE_WAVES=true --gemv-min-tokens 8
-    step attn-batch 90 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,w8/bn32
+    step attn-batch 90 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,bn32/maxnreg128
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
     ;;
   s49f)  # (~5.5 minutes) s49c at batch 2 / 8 / 64 / 128 only
@@ -527,12 +529,12 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     ;;
   s49g)  # (~4 minutes, the last of a session's device time) s49d's kernels cut: the decode attention at batch 64 (3
     # configs x splits incl. whole waves), the planned plain render + combine at 1-8 tokens, the router's two paths
-    step attn-batch 80 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,w8/bn32
+    step attn-batch 80 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,bn32/maxnreg128
     step moe-combine-plan 100 python3 bench/moe_combine.py --out "$OUT/r" --tokens 1,2,4,8 --planned
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
     ;;
   s49h)  # (~2.5 minutes) the decode attention at batch 64 (2 configs x splits incl. whole waves), the router's paths
-    step attn-batch 70 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32
+    step attn-batch 70 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32/maxnreg128
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
     ;;
   s49d)  # (~8 minutes) the kernels behind s49c: the planned MoE decode kernel at 64-256 tokens beside the grouped
@@ -542,7 +544,7 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step moe-prefill-small 80 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
     step moe-combine-plan 110 python3 bench/moe_combine.py --out "$OUT/r" --tokens 1,2,4,8 --planned
     step router-tokens 60 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
-    step attn-batch 140 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,bn16,w8/bn32,prefetch2,w2/bn64
+    step attn-batch 140 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,bn32/maxnreg128,bn16,w8/bn32,prefetch2
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the

@@ -578,6 +578,28 @@ def _stage0_loads(cubin: bytes, tmp: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("kind,mode", [("sliding", "rope"), ("full", "ssmax")])
+def test_register_cap_fits_four_programs_an_sm(kind, mode, tmp_path):
+    """MAXNREG (off until measured): the step's QKN render at TP 8 over an fp8 cache, blocks of 32 keys, capped at 128
+    registers, compiles for sm_90a and sm_100a within the cap (4 programs of 4 warps an SM) with no spill (local
+    memory within an ABI frame: Triton 3.6 and 3.8 show 0 / 32 bytes); the option is in the launch options."""
+    from test_kernels_gemv import SMALL_LOCAL, cuobjdump_text, local_bytes
+
+    from beamc.spec import load_spec
+
+    full = load_spec(ROOT / "models/beam.yaml")
+    c = qkn_constants(spec_constants(full, 8, kind, "bf16", "f8e4m3", 16, GATE=True, BLOCK_N=32, MAXNREG=128), mode)
+    mod = load_kernel(KernelSpec(TEMPLATE, "qk_attention", c), tmp_path / "k")
+    assert mod.OPTIONS["maxnreg"] == 128 and mod.BLOCK_N == 32
+    for arch in (90, 100):
+        cubin = aot_compile(mod, arch).asm["cubin"]
+        res = cuobjdump_text(cubin, tmp_path, "-res-usage")
+        if res is None:
+            pytest.skip("no cuobjdump")
+        assert int(re.search(r"REG:(\d+)", res).group(1)) <= 128, res
+        assert local_bytes(cubin, tmp_path) <= min(SMALL_LOCAL, 64), res
+
+
+@pytest.mark.parametrize("kind,mode", [("sliding", "rope"), ("full", "ssmax")])
 def test_early_qkv_loads_q_k_and_v_before_the_norms(kind, mode, tmp_path):
     """EARLY_QKV (off until measured): in the sm_90a binary of the step's QKN render at TP 8, every global load of
     stage 0 between its wait and its cache write is issued before the first barrier, the same loads as the
