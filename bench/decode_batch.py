@@ -44,7 +44,10 @@ EMITTER_OPTIONS = {
                                "kernel's COMBINE render, larger ones its plain render then moe_combine (default: the "
                                "emitter's)"),
     "gemv_min_tokens": ("GEMV_MIN_TOKENS", "gemv", "decode GEMMs run the generated gemv up to at least N tokens "
-                        "(default: the measured choices, codegen/measured)")}
+                        "(default: the measured choices, codegen/measured)"),
+    "attention_batch_min_tokens": ("ATTENTION_DECODE_BATCH_MIN_TOKENS", "attnb", "decode steps of N tokens or more "
+                                   "run the decode attention with emitters.ATTENTION_DECODE_BATCH_TILES (default: "
+                                   "none)")}
 
 
 def step_bytes(model, spec, context: int, batch: int) -> dict[str, float]:

@@ -513,8 +513,9 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     # gemv for o_proj at 2-8 tokens (measured alone cuBLAS won from 4; in the step cuBLAS has no PDL overlap)
     step batch-default 200 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768
     step batch-cands 190 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,8,64,128 --context 32768 --moe-decode-max-tokens 128 --router-large-min-tokens 16 --moe-combine-max-tokens 1 --set moe_nvfp4_decode.PLAN_MIN_PAIRS=8 --set attention_decode.WHOLE_WAVES=true --gemv-min-tokens 8
-    # the attention at 4 programs an SM (blocks of 32 keys, 128 registers: no spill) with whole waves, at 64 / 128
-    step batch-attn4 140 python3 bench/decode_batch.py --out "$OUT/r" --batches 64,128 --context 32768 --set attention_decode.BLOCK_N=32 --set attention_decode.MAXNREG=128 --set attention_decode.WHOLE_WAVES=true
+    # the attention's batch tiles from 16 tokens (4 programs an SM: blocks of 32 keys, 128 registers, no spill; whole
+    # waves), at 64 / 128 (8: the same kernels as the default, a control)
+    step batch-attn4 140 python3 bench/decode_batch.py --out "$OUT/r" --batches 8,64,128 --context 32768 --attention-batch-min-tokens 16
     ;;
   s49e)  # (~9 minutes, when little device time is left) s49c, then the decode attention at batch 64 (3 configs) and
     # the router's two paths at 8-64 tokens

@@ -705,6 +705,7 @@ def _batch_options_main(out: str, ckpt: str) -> None:
     from beamc.spec import load_spec
 
     emitters.ROUTER_DECODE_LARGE_MIN_TOKENS = 2  # (this child process only: the load's rebuild sees it too)
+    emitters.ATTENTION_DECODE_BATCH_MIN_TOKENS = 2
     spec = load_spec(TINY)
     pkg = compile_package(spec, passes=select_passes("all"), dtype="f32",
                           template_overrides={"moe_nvfp4_decode": {"PLAN_MIN_PAIRS": 0}}).write(Path(out).parent / "pkg")
@@ -713,25 +714,34 @@ def _batch_options_main(out: str, ckpt: str) -> None:
     planned = [ln.kernel.constants.get("PLAN_MIN_PAIRS") for ln in launches if ln.kernel.template == "moe_nvfp4_decode"]
     routers = sorted({(ln.kernel.constants["PATH"], ln.min_tokens, ln.max_tokens) for ln in launches
                       if ln.kernel.template == "moe_router"})
+    attention = sorted({(ln.kernel.constants["WINDOW"], ln.kernel.constants.get("BLOCK_N"),
+                         ln.kernel.constants.get("WHOLE_WAVES", False), ln.min_tokens, ln.max_tokens)
+                        for ln in launches if ln.kernel.template == "attention_decode"}, key=str)
     ref = ReferenceSession.from_checkpoint(spec, ckpt, max_seqs=2, max_len=32, max_chunk=16)
     seqs = [_ids(10, 50), _ids(4, 51)]
     errs = [rel_err(m.prefill([0, 1], seqs), torch.stack([x[-1] for x in ref.prefill(list(enumerate(seqs)))])),
             rel_err(m.decode([0, 1], [5, 6]), ref.decode({0: 5, 1: 6})), rel_err(m.decode([0], [7]), ref.decode({0: 7}))]
-    Path(out).write_text(json.dumps({"errs": errs, "planned": planned, "routers": routers}))
+    Path(out).write_text(json.dumps({"errs": errs, "planned": planned, "routers": routers, "attention": attention}))
 
 
 def test_batch_decode_options_equal_the_reference_session(tiny_ckpt_nvfp4, tmp_path):
     """Two batch-decode options through the compiled fp32 package under the interpreter: the MoE decode kernel's
     PLAN on every step (`--set moe_nvfp4_decode.PLAN_MIN_PAIRS=0`: the tiny spec's steps have too few pairs for the
     default 64; the pairs grouped by expert in a first launch, each program on one item; NVFP4 experts) and the
-    router's large path from 2 decode tokens on (`emitters.ROUTER_DECODE_LARGE_MIN_TOKENS`; the small path at 1): a
-    ragged prefill of 14 tokens, a decode step of 2 and one of 1 equal the reference session."""
+    router's large path from 2 decode tokens on (`emitters.ROUTER_DECODE_LARGE_MIN_TOKENS`; the small path at 1), and
+    the decode attention's batch tiles from 2 tokens on (`emitters.ATTENTION_DECODE_BATCH_MIN_TOKENS`: blocks of 32,
+    whole-wave splits; the register cap is the GPU's): a ragged prefill of 14 tokens, a decode step of 2 and one of
+    1 equal the reference session."""
     out = tmp_path / "batch_options.json"
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_runtime_model as t; "
             f"t._batch_options_main({str(out)!r}, {str(tiny_ckpt_nvfp4)!r})")
     r = run_interpreted(["-c", code], out)
     assert r["planned"] and all(x == 0 for x in r["planned"]), r
     assert r["routers"] == [["large", 2, None], ["small", 0, 1]], r
+    kinds = {w for w, *_ in r["attention"]}
+    assert len(r["attention"]) == 2 * len(kinds) and all(
+        [w, 32, True, 2, None] in r["attention"] and any(x[0] == w and x[2:] == [False, 0, 1] for x in r["attention"])
+        for w in kinds), r
     assert max(r["errs"]) < 1e-5, r
 
 

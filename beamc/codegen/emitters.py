@@ -700,6 +700,34 @@ def attention_decode_tiles(window: int) -> dict:
     return {"BLOCK_N": 32} if window else {}
 
 
+# ATTENTION_DECODE_BATCH_MIN_TOKENS (None: off; a benchmark's setting, `bench/decode_batch.py --attention-batch-min-
+# tokens N`): decode steps of N tokens or more run the decode attention with ATTENTION_DECODE_BATCH_TILES instead of
+# the tiles above (both layer kinds; the step holds both launches, each under its token range). Why: at batch 1 a
+# program walks a few blocks and fixed costs rule (the tiles above measured best there), at 16-128 tokens each walks
+# 50-200 blocks; the full render's 232 registers let 2 programs of 4 warps share an SM (8 warps for a latency-bound
+# loop), blocks of 32 capped at 128 registers let 4 (no spill: tests/test_kernels_attention_decode.py), and the
+# splits floored to whole waves of programs (WHOLE_WAVES) keep the last wave from being a sliver. Not measured yet
+ATTENTION_DECODE_BATCH_MIN_TOKENS = None
+ATTENTION_DECODE_BATCH_TILES = {"BLOCK_N": 32, "MAXNREG": 128, "WHOLE_WAVES": True}
+
+
+def _decode_attention_by_batch(ln: Launch, ctx: Context) -> list[Launch]:
+    """A decode attention launch, and from ATTENTION_DECODE_BATCH_MIN_TOKENS tokens on the same with the batch tiles
+    (constants the user pinned with --set stay pinned in both)."""
+    n = ATTENTION_DECODE_BATCH_MIN_TOKENS
+    if n is None or n < 1:
+        return [ln]
+    pinned = ctx.template_overrides.get("attention_decode", {})
+    tiles = {k: v for k, v in ATTENTION_DECODE_BATCH_TILES.items() if k not in pinned}
+    choice = {"batch_tiles_from_tokens": n, "tiles": tiles,
+              "basis": "ATTENTION_DECODE_BATCH_MIN_TOKENS (a benchmark's setting)"}
+    batch = dataclasses.replace(ln, kernel=dataclasses.replace(ln.kernel, constants={**ln.kernel.constants, **tiles}),
+                                min_tokens=max(ln.min_tokens, n), choice=choice)
+    if n <= 1:
+        return [batch]
+    return [dataclasses.replace(ln, max_tokens=n - 1, choice=choice), batch]
+
+
 @emits("attention", "attention_gate")
 def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     """Decode: flash-decoding over the ring (sliding) or the pages (full), split over the context so that one
@@ -731,9 +759,10 @@ def _attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         tiles.update(attention_dot(kc.dtype, ctx.dtype))
         if template == "attention_prefill" and a["window"] and tiles.get("F16_DOT") and ctx.target == "sm90":
             tiles.update(ATTENTION_SLIDING_PREFILL_TILES)  # (measured there; see ATTENTION_SLIDING_PREFILL_TILES)
-    return [kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
-                   WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
-                   GATE=node.op == "attention_gate", **tiles)]
+    ln = kernel(node, template, ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2], HEAD_DIM=q.shape[2],
+                WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged, PAGE_SIZE=kc.shape[1] if paged else 0,
+                GATE=node.op == "attention_gate", **tiles)
+    return _decode_attention_by_batch(ln, ctx) if template == "attention_decode" else [ln]
 
 
 @emits("qk_attention")
@@ -746,10 +775,11 @@ def _qk_attention(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     q, kc, vc = (node.inputs[i] for i in (0, 5, 6))
     if g.meta["phase"] == "decode":
         paged = bool(a.get("paged"))
-        return [kernel(node, "attention_decode", ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2],
-                       HEAD_DIM=q.shape[2], WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged,
-                       PAGE_SIZE=kc.shape[1] if paged else 0, GATE=a["gate"], QKN=True, **_qk_constants(a),
-                       **attention_decode_tiles(a["window"] or 0), **attention_dot(kc.dtype, ctx.dtype))]
+        ln = kernel(node, "attention_decode", ctx, CACHE_DTYPE=kc.dtype, HQ=q.shape[1], HKV=kc.shape[2],
+                    HEAD_DIM=q.shape[2], WINDOW=a["window"] or 0, SCALE=a["scale"], PAGED=paged,
+                    PAGE_SIZE=kc.shape[1] if paged else 0, GATE=a["gate"], QKN=True, **_qk_constants(a),
+                    **attention_decode_tiles(a["window"] or 0), **attention_dot(kc.dtype, ctx.dtype))
+        return _decode_attention_by_batch(ln, ctx)
     s = "scratch:qk_q"
     qn = Value("q_normed", tuple(q.shape), q.dtype)
     qk_ins, rest = qk_attention_parts(node.inputs, a["gate"])
