@@ -56,6 +56,9 @@
 #   bash bench/device_plan.sh s49b           # the full layers' decode attention at batch 16 / 64: configs x splits
 #   bash bench/device_plan.sh s49c           # decode at batch 1-8 / 64 / 128: the default, then every candidate at once
 #   bash bench/device_plan.sh s49d           # the kernels behind s49c, and the decode attention at batch 64
+#   bash bench/device_plan.sh s49e / s49f    # s49c cut for little device time (+ attention / router; 4 batches)
+#   bash bench/device_plan.sh s49g / s49h    # s49d cut to ~4 / ~2.5 minutes
+#   bash bench/device_plan.sh s49i           # the grouped prefill kernel at 64-256 tokens (s49d's other side)
 #   bash bench/device_plan.sh s46a           # COMBINE's GPU cases, the prefill step with COMBINE beside the default
 #   bash bench/device_plan.sh s46b           # COMBINE the default: its forms' GPU cases, the steps' profile by op
 #   bash bench/device_plan.sh s46c           # the sliding layers' decode key blocks of 64 / 128 in the decode step
@@ -127,7 +130,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s48b, s48c, s48d, s48e, s48f, s49a, s49b, s49c, s49d, s49e, s49f, s49g, s49h, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s48b, s48c, s48d, s48e, s48f, s49a, s49b, s49c, s49d, s49e, s49f, s49g, s49h, s49i, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -534,18 +537,21 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step moe-combine-plan 100 python3 bench/moe_combine.py --out "$OUT/r" --tokens 1,2,4,8 --planned
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
     ;;
+  s49i)  # (~1.5 minutes) the grouped prefill kernel at 64-256 tokens (s49d's moe-decode-big's other side)
+    step moe-prefill-small 80 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
+    ;;
   s49h)  # (~2.5 minutes) the decode attention at batch 64 (2 configs x splits incl. whole waves), the router's paths
     step attn-batch 70 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32/maxnreg128
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
     ;;
-  s49d)  # (~8 minutes) the kernels behind s49c: the planned MoE decode kernel at 64-256 tokens beside the grouped
-    # kernel, the planned plain render + combine at 1-8 tokens beside COMBINE, the router's two paths at 8-64 tokens,
-    # the full layers' decode attention at batch 64 (configs x splits)
+  s49d)  # (~9 minutes) the kernels behind s49c: the batch tiles' GPU cases; the decode attention at batch 64 (configs x
+    # splits); the planned plain render + combine at 1-8 tokens beside COMBINE; the router's two paths at 8-64 tokens;
+    # the planned MoE decode kernel at 64-256 tokens (the grouped kernel's side: moe_prefill.py's, in s49i)
+    tests t-batch-tiles 150 tests/gpu/test_kernels_attention_decode_gpu.py -k batch_tiles
+    step attn-batch 130 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,bn32/maxnreg128,bn16,w8/bn32
+    step moe-combine-plan 100 python3 bench/moe_combine.py --out "$OUT/r" --tokens 1,2,4,8 --planned
+    step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
     step moe-decode-big 90 python3 bench/moe_decode.py --out "$OUT/r" --tokens 64,128,256 --variants "default,no PLAN"
-    step moe-prefill-small 80 python3 bench/moe_prefill.py --out "$OUT/r" --tokens 64,128,256 --only 'moe_nvfp4_prefill relaid$'
-    step moe-combine-plan 110 python3 bench/moe_combine.py --out "$OUT/r" --tokens 1,2,4,8 --planned
-    step router-tokens 60 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
-    step attn-batch 140 python3 bench/attention_decode_batch.py --out "$OUT/r" --batches 64 --configs default,bn32,bn32/maxnreg128,bn16,w8/bn32,prefetch2
     ;;
   s46b)  # (~7 minutes) COMBINE the 256-row form's default: the emitter's forms replayed (as the experts-then-combine
     # route renders them), the sort's cases, the runtime's prefill on the WGMMA MoE, the fp32 package against the

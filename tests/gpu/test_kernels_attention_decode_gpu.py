@@ -457,3 +457,45 @@ def test_tma_kv_matches_the_default(cache, ctx, chunk, kdir, summary):
                 rec[key] = graph_us(lambda: m.launch(*x["raw"], *x["w"], kcv, vcv, slot, pos, *extras, g, b, o))
             print(f"tma_kv qkn {cache} ctx={ctx}: {rec['us_qkn_default']:.2f} -> {rec['us_qkn_tma']:.2f} us")
     summary.setdefault("tma_kv", []).append(rec)
+
+
+# ---------------------------------------------------------------- the batch tiles (emitters.ATTENTION_DECODE_BATCH_TILES)
+BATCH_CASES = [("full", "f8e4m3", [100_003] * 16 + [4096, 9000, 1, 513]), ("full", "bf16", [30_000] * 32),
+               ("sliding", "f8e4m3", [4096] * 64), ("sliding", "bf16", [1, 300, 512, 513, 5000] * 4)]
+
+
+@pytest.mark.parametrize("kind,cache,ctx", BATCH_CASES)
+def test_batch_tiles_match_fp32_reference(kind, cache, ctx, kdir, summary):
+    """The decode attention with the batch tiles (blocks of 32 keys, 128 registers, whole-wave splits: what steps of
+    ATTENTION_DECODE_BATCH_MIN_TOKENS+ tokens run when that is set) at 20-64 sequences of one token against the fp32
+    reference (< 1e-2), at the rule's split count and a forced one; outputs poisoned first; a CUDA-graph replay equal
+    to an eager launch bit for bit."""
+    from beamc.codegen.emitters import ATTENTION_DECODE_BATCH_TILES
+
+    c = dict(_constants(kind, cache), **ATTENTION_DECODE_BATCH_TILES)
+    mod = _module(c, kdir)
+    assert mod.OPTIONS.get("maxnreg") == ATTENTION_DECODE_BATCH_TILES["MAXNREG"] and mod.WHOLE_WAVES
+    case = _inputs(c, ctx, 1, seed=sum(ctx) + 11)
+    want = _reference(c, case)
+    T = case["T"]
+    default = mod.num_splits(T, _max_context(mod, case))
+    assert default * T <= max(T, mod.BATCH_TARGET_PROGRAMS if T >= mod.BATCH_MIN_TOKENS else mod.TARGET_PROGRAMS)
+    for splits in (None, 3):
+        out = torch.full_like(case["args"][0], float("nan"))
+        mod.launch(*case["args"], out, splits=splits)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), (kind, cache, T, splits)
+        err = _norm_rel(out, want)
+        print(f"batch tiles {kind} {cache} T={T} splits={splits or default}: rel err {err:.3e}")
+        summary["cases"].append(dict(kind=kind, ctx=ctx, chunk=1, cache=cache, splits=splits or default,
+                                     rel_err=err, tiles="batch"))
+        assert err < 1e-2, (kind, cache, T, splits, err)
+    scratch = torch.full((mod.scratch_numel(T),), float("nan"), device="cuda")
+    out = torch.full_like(case["args"][0], float("nan"))
+    graph = captured_graph(lambda: mod.launch(*case["args"], out, scratch=scratch))
+    out.fill_(float("nan"))
+    graph.replay()
+    eager = torch.full_like(out, float("nan"))
+    mod.launch(*case["args"], eager)
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager), (kind, cache, T)
