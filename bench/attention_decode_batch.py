@@ -9,9 +9,10 @@ batch 16-64 each program walks ~100-200 blocks, so the loop's steady rate decide
 at batch 1 (more warps or programs an SM, shorter blocks, deeper prefetch) may rank otherwise. For each batch: B
 sequences at `--context` positions each (fp8 e4m3 pages of 16, one shuffled block table, caches built on the GPU),
 one query token each; each config of CONFIGS (the emitter's tiles overridden) at the default split rule, at half
-and twice its splits, and at the most splits within 1 / 2 / 4 waves of 264 programs (WHOLE_WAVES), in a CUDA graph (reps launches a replay), outputs poisoned first and checked against the fp32
-reference (||out - ref|| / ||ref|| < 1e-2; a config that fails is reported, not ranked); the read rate of 1 GiB
-(bench/kernels.py) in the same run beside it. Prints a table last; DIR/attention-decode-batch-<date>.json.
+and twice its splits, and at the most splits within 1-4 waves of 264 programs (WHOLE_WAVES), in a CUDA graph (reps
+launches a replay), outputs poisoned first and checked against the fp32 reference (||out - ref|| / ||ref|| <
+1e-2; a config that fails is reported, not ranked); the read rate of 1 GiB (bench/kernels.py) in the same run beside
+it. Prints a table last; DIR/attention-decode-batch-<date>.json.
 """
 from __future__ import annotations
 

@@ -459,7 +459,7 @@ def test_tma_kv_matches_the_default(cache, ctx, chunk, kdir, summary):
     summary.setdefault("tma_kv", []).append(rec)
 
 
-# ---------------------------------------------------------------- the batch tiles (emitters.ATTENTION_DECODE_BATCH_TILES)
+# ---------------------------------------------------------------- the batch tiles (ATTENTION_DECODE_BATCH_TILES)
 BATCH_CASES = [("full", "f8e4m3", [100_003] * 16 + [4096, 9000, 1, 513]), ("full", "bf16", [30_000] * 32),
                ("sliding", "f8e4m3", [4096] * 64), ("sliding", "bf16", [1, 300, 512, 513, 5000] * 4)]
 
