@@ -76,6 +76,20 @@ def _norm_rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
+def _graph_equals_eager(mod, case) -> bool:
+    """One launch at the default split count replayed from a CUDA graph (scratch and output poisoned first) equals
+    an eager launch bit for bit."""
+    scratch = torch.full((mod.scratch_numel(case["T"]),), float("nan"), device="cuda")
+    out = torch.full_like(case["args"][0], float("nan"))
+    graph = captured_graph(lambda: mod.launch(*case["args"], out, scratch=scratch))
+    out.fill_(float("nan"))
+    graph.replay()
+    eager = torch.full_like(out, float("nan"))
+    mod.launch(*case["args"], eager)
+    torch.cuda.synchronize()
+    return torch.equal(out, eager)
+
+
 def _max_context(mod, case) -> int:
     return case["args"][5].shape[1] * mod.PAGE_SIZE if mod.PAGED else case["args"][1].shape[1]
 
@@ -407,15 +421,7 @@ def test_tma_kv_matches_the_default(cache, ctx, chunk, kdir, summary):
         rec["runs"].append(dict(splits=splits, rel_err=errs[1:], rel_err_default=errs[0], diff=diffs, same=same,
                                 joined_bitwise=bool(torch.equal(outs[1], outs[0]))))
         assert max(errs[1:]) < 1e-2 and max(diffs) < 1e-2, (cache, ctx, chunk, splits, errs, diffs)
-    scratch = torch.full((tma.scratch_numel(case["T"]),), float("nan"), device="cuda")
-    out = torch.full_like(case["args"][0], float("nan"))
-    graph = captured_graph(lambda: tma.launch(*case["args"], out, scratch=scratch))
-    out.fill_(float("nan"))
-    graph.replay()
-    eager = torch.full_like(out, float("nan"))
-    tma.launch(*case["args"], eager)
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager), (cache, ctx, chunk)
+    assert _graph_equals_eager(tma, case), (cache, ctx, chunk)
     if chunk == 1 and len(ctx) == 1:
         sc = torch.empty(mod.scratch_numel(1), device="cuda")
         o = torch.empty_like(case["args"][0])
@@ -490,12 +496,4 @@ def test_batch_tiles_match_fp32_reference(kind, cache, ctx, kdir, summary):
         summary["cases"].append(dict(kind=kind, ctx=ctx, chunk=1, cache=cache, splits=splits or default,
                                      rel_err=err, tiles="batch"))
         assert err < 1e-2, (kind, cache, T, splits, err)
-    scratch = torch.full((mod.scratch_numel(T),), float("nan"), device="cuda")
-    out = torch.full_like(case["args"][0], float("nan"))
-    graph = captured_graph(lambda: mod.launch(*case["args"], out, scratch=scratch))
-    out.fill_(float("nan"))
-    graph.replay()
-    eager = torch.full_like(out, float("nan"))
-    mod.launch(*case["args"], eager)
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager), (kind, cache, T)
+    assert _graph_equals_eager(mod, case), (kind, cache, T)
