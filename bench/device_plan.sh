@@ -519,6 +519,9 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     # the attention's batch tiles from 16 tokens (4 programs an SM: blocks of 32 keys, 128 registers, no spill; whole
     # waves), at 64 / 128 (8: the same kernels as the default, a control)
     step batch-attn4 140 python3 bench/decode_batch.py --out "$OUT/r" --batches 8,64,128 --context 32768 --attention-batch-min-tokens 16
+    for f in "$OUT"/r/decode-batch-"$(date +%F)"-*.json; do  # each candidate run against the default's, op by op
+      step "compare-$(basename "$f" .json | cut -c25-)" 20 python3 bench/compare_batch.py "$OUT/r/decode-batch-$(date +%F).json" "$f"
+    done
     ;;
   s49e)  # (~9 minutes, when little device time is left) s49c, then the decode attention at batch 64 (3 configs) and
     # the router's two paths at 8-64 tokens
