@@ -70,6 +70,13 @@ def kernel(node: Node, template: str, ctx: Context, args: tuple[str, ...] | None
         template, emitted, pinned, ctx.overrides_from)))
 
 
+def by_token_count(low: Launch, high: Launch, n: int, choice: dict) -> list[Launch]:
+    """`low` for steps of fewer than n tokens, `high` from n on (the step holds both, each under its token range; no
+    `low` when n <= 1), both recording `choice`."""
+    high = dataclasses.replace(high, min_tokens=max(high.min_tokens, n), choice=choice)
+    return ([dataclasses.replace(low, max_tokens=n - 1, choice=choice)] if n > 1 else []) + [high]
+
+
 def into_scratch(ln: Launch, s: str, v: Value) -> Launch:
     """The launch writing its (last-argument) output into the step-local buffer `s`, declared like value `v`."""
     return dataclasses.replace(ln, args=ln.args[:-1] + (s,), scratch=((s, tuple(v.shape), v.dtype),))
@@ -210,8 +217,7 @@ def _moe_router(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     if n is None:
         return [router("small")]
     choice = {"large_from_tokens": n, "basis": "ROUTER_DECODE_LARGE_MIN_TOKENS (a benchmark's setting)"}
-    return [dataclasses.replace(router("small"), max_tokens=n - 1, choice=choice),
-            dataclasses.replace(router("large"), min_tokens=n, choice=choice)]
+    return by_token_count(router("small"), router("large"), n, choice)
 
 
 # ---------------------------------------------------------------- GEMMs: the generated small-M kernel where measured
@@ -239,10 +245,8 @@ def _small_m(node: Node, g: Graph, ctx: Context, library_launches: list[Launch])
     N = node.out.shape[-1] if node.op != "linear_packed" else sum(node.attrs["splits"])
     c = choose(ctx.target, node.op, K, N, GEMV_MAX_TOKENS)
     if GEMV_MIN_TOKENS is not None and c.max_tokens < GEMV_MIN_TOKENS:
-        from beamc.codegen.choices import Choice
-
-        c = Choice(min(GEMV_MIN_TOKENS, GEMV_MAX_TOKENS), "GEMV_MIN_TOKENS (a benchmark's setting)", c.figures,
-                   c.source)
+        c = dataclasses.replace(c, max_tokens=min(GEMV_MIN_TOKENS, GEMV_MAX_TOKENS),
+                                basis="GEMV_MIN_TOKENS (a benchmark's setting)")
     if c.max_tokens < 1:
         return [dataclasses.replace(ln, choice=c.record()) for ln in library_launches]
     epi = GEMV_EPILOGUE[node.op]
@@ -721,11 +725,8 @@ def _decode_attention_by_batch(ln: Launch, ctx: Context) -> list[Launch]:
     tiles = {k: v for k, v in ATTENTION_DECODE_BATCH_TILES.items() if k not in pinned}
     choice = {"batch_tiles_from_tokens": n, "tiles": tiles,
               "basis": "ATTENTION_DECODE_BATCH_MIN_TOKENS (a benchmark's setting)"}
-    batch = dataclasses.replace(ln, kernel=dataclasses.replace(ln.kernel, constants={**ln.kernel.constants, **tiles}),
-                                min_tokens=max(ln.min_tokens, n), choice=choice)
-    if n <= 1:
-        return [batch]
-    return [dataclasses.replace(ln, max_tokens=n - 1, choice=choice), batch]
+    batch = dataclasses.replace(ln, kernel=dataclasses.replace(ln.kernel, constants={**ln.kernel.constants, **tiles}))
+    return by_token_count(ln, batch, n, choice)
 
 
 @emits("attention", "attention_gate")
