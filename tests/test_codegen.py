@@ -42,7 +42,8 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     assert k["constants"]["MODE"] in ("rope", "ssmax") and k["grid"] and k["weights"][0]["param"].endswith("q_norm.weight")
     phases = {name: sorted(v["launches_per_step"]) for name, v in man["kernels"].items()}
     router = sorted(p for name, p in phases.items() if name.startswith("moe_router"))
-    assert router == [["decode"], ["prefill"]]  # small-M path for decode, tensor cores for prefill
+    # the small-M path for decode steps below ROUTER_DECODE_LARGE_MIN_TOKENS, tensor cores for prefill and above it
+    assert router == [["decode"], ["decode", "prefill"]]
     decode_only = ("moe_router", "gemv", "attention_decode", "attention_prefill", "qk_norm_pos_kv",  # per phase
                    "sigmoid_gate")
     assert all(p == ["prefill"] for name, p in phases.items() if name.startswith("qk_norm_pos_kv"))
@@ -54,9 +55,9 @@ def test_compile_writes_an_importable_package(tmp_path, capsys):
     moe = sorted((v["template"], v["runs_when"], bool(v["constants"].get("DEQUANT")),
                   bool(v["constants"].get("WGMMA")), v["constants"].get("BLOCK_M"))
                  for v in man["kernels"].values() if v["op"] == "moe_experts")
-    assert moe == [("moe_nvfp4_decode.py.j2", "T <= 64", False, False, None),  # (long prefills: the WGMMA renders)
+    assert moe == [("moe_nvfp4_decode.py.j2", "T <= 128", False, False, None),  # (long prefills: the WGMMA renders)
+                   ("moe_nvfp4_prefill.py.j2", "T >= 129 and T <= 2047", False, False, None),
                    ("moe_nvfp4_prefill.py.j2", "T >= 2048 and T <= 8191", False, True, 128),
-                   ("moe_nvfp4_prefill.py.j2", "T >= 65 and T <= 2047", False, False, None),
                    ("moe_nvfp4_prefill.py.j2", "T >= 8192 and T <= 8387583", False, True, 256),  # (WG_A32)
                    ("moe_nvfp4_prefill.py.j2", "T >= 8387584", False, True, 256)]  # (its offsets past 32 bits)
     assert man["moe_wgmma"] is True and all(v["choice"]["wgmma_from_tokens"] == 2048 for v in man["kernels"].values()
@@ -420,10 +421,11 @@ def test_window_block_n_pins_the_sliding_layers_only():
 
 
 def test_moe_decode_plain_render_is_register_capped_on_sm90(tiny_spec_bf16):
-    """moe_nvfp4_decode's plain render (the decode steps of 9-64 tokens at TP > 1) has both stages capped at
-    emitters.MOE_DECODE_MAXNREG registers on sm90 in bf16 (4 programs an SM: s47run5), in its launch options; the
-    COMBINE render (1-8 tokens) stays uncapped, so does sm100; `--set moe_nvfp4_decode.MAXNREG=0` takes the cap off."""
-    from beamc.codegen.emitters import MOE_DECODE_MAXNREG
+    """moe_nvfp4_decode's plain render (the decode steps past MOE_COMBINE_MAX_TOKENS, to MOE_DECODE_MAX_TOKENS, at
+    TP > 1) has both stages capped at emitters.MOE_DECODE_MAXNREG registers on sm90 in bf16 (4 programs an SM:
+    s47run5), in its launch options; the COMBINE render (the steps below) stays uncapped, so does sm100;
+    `--set moe_nvfp4_decode.MAXNREG=0` takes the cap off."""
+    from beamc.codegen.emitters import MOE_COMBINE_MAX_TOKENS as most, MOE_DECODE_MAX_TOKENS, MOE_DECODE_MAXNREG
     from beamc.codegen.overrides import parse_overrides
 
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
@@ -435,7 +437,8 @@ def test_moe_decode_plain_render_is_register_capped_on_sm90(tiny_spec_bf16):
         return {bool(ln.kernel.constants.get("COMBINE")): ln for ln in lns}
 
     sm90 = decode_renders()
-    assert sm90[False].runs_for(9) and sm90[False].runs_for(64) and sm90[True].runs_for(8)
+    assert sm90[False].runs_for(most + 1) and sm90[False].runs_for(MOE_DECODE_MAX_TOKENS)
+    assert sm90[True].runs_for(most) and not sm90[True].runs_for(most + 1)
     assert sm90[False].kernel.constants.get("MAXNREG") == MOE_DECODE_MAXNREG == 128
     assert f"maxnreg={MOE_DECODE_MAXNREG})" in sm90[False].kernel.source()
     assert "MAXNREG" not in sm90[True].kernel.constants and "maxnreg" not in sm90[True].kernel.source()
@@ -448,25 +451,25 @@ def test_moe_decode_plain_render_is_register_capped_on_sm90(tiny_spec_bf16):
 def test_moe_combine_max_tokens_is_a_compile_option(tiny_spec_bf16):
     """`moe_combine_max_tokens` (`beamc compile --moe-combine-max-tokens N`): at TP 2, steps of up to N tokens take the
     MoE decode kernel's COMBINE render and no moe_combine launch, larger steps the experts then moe_combine; 0 the
-    latter at every size; by default (None) up to emitters.MOE_COMBINE_MAX_TOKENS (8) tokens; the manifest records
+    latter at every size; by default (None) up to emitters.MOE_COMBINE_MAX_TOKENS (4) tokens; the manifest records
     it; a negative count is refused by name."""
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
-    pkg = compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=4)
+    pkg = compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=6)
     moe = [ln for n, ln in pkg.steps["decode"].launches if n.op == "moe_experts"]
     fused = [ln for ln in moe if ln.kernel is not None and ln.kernel.constants.get("COMBINE")]
     combine = [ln for ln in moe if ln.kernel is not None and ln.kernel.template == "moe_combine"]
-    assert fused and all(ln.runs_for(4) and not ln.runs_for(5) for ln in fused)
-    assert combine and all(ln.runs_for(5) and not ln.runs_for(4) for ln in combine)
-    for T in (1, 4, 5, 64, 65, 20000):  # every token count runs the experts exactly once per MoE layer
+    assert fused and all(ln.runs_for(6) and not ln.runs_for(7) for ln in fused)
+    assert combine and all(ln.runs_for(7) and not ln.runs_for(6) for ln in combine)
+    for T in (1, 6, 7, 128, 129, 20000):  # every token count runs the experts exactly once per MoE layer
         assert sum(ln.runs_for(T) and ln.kernel.template.startswith("moe_nvfp4") for ln in moe) == len(combine), T
-    assert pkg.manifest()["moe_combine_max_tokens"] == 4
+    assert pkg.manifest()["moe_combine_max_tokens"] == 6
     off = compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=0)
     assert not any(ln.kernel is not None and ln.kernel.constants.get("COMBINE")
                    for _, ln in off.steps["decode"].launches)
     default = compile_package(tiny, tp=2, passes=ALL, phases=("decode",))
     fused = [ln for n, ln in default.steps["decode"].launches
              if n.op == "moe_experts" and ln.kernel is not None and ln.kernel.constants.get("COMBINE")]
-    assert MOE_COMBINE_MAX_TOKENS == 8 and fused and all(ln.runs_for(8) and not ln.runs_for(9) for ln in fused)
+    assert MOE_COMBINE_MAX_TOKENS == 4 and fused and all(ln.runs_for(4) and not ln.runs_for(5) for ln in fused)
     with pytest.raises(BeamcError, match="--moe-combine-max-tokens"):
         compile_package(tiny, tp=2, passes=ALL, phases=("decode",), moe_combine_max_tokens=-1)
 

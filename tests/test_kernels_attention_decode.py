@@ -542,27 +542,27 @@ def test_rendered_module_contract(paged, fp8, kdir):
 
 def test_split_rule(kdir):
     """T = 1 at the TP-8 shapes fills the GPU (>= 2 programs per SM of 132) and gives >= 128 splits at 100K context
-    (full layer), batches of 16 and more aim at 4 programs an SM; a sliding layer never splits past its window's blocks; the scratch bound covers any context."""
+    (full layer), batches of 16 and more aim at 4 programs an SM; a sliding layer never splits past its window's
+    blocks; the scratch bound covers any context. By default (WHOLE_WAVES, s50run1-2) the splits are the most within
+    the target; WHOLE_WAVES=False rounds up to it instead (the rule before)."""
     full = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 0, page=16)), kdir)
     slide = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 512)), kdir)
+    up = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 0, page=16, WHOLE_WAVES=False)), kdir)
     s = full.num_splits(1, 131072)
-    assert s >= 2 * 132 - 8 and s <= full.MAX_SPLITS
+    assert full.WHOLE_WAVES and s >= 2 * 132 - 8 and s <= full.MAX_SPLITS
     assert slide.num_splits(1, 527) == 512 // slide.BLOCK_N and slide.num_splits(1, 10**6) <= 512 // slide.BLOCK_N
-    for T in (1, 3, 16, 64, 1000):
-        for m in (16, 4096, 10**6):
-            assert full.scratch_numel(T) >= full.scratch_numel(T, full.num_splits(T, m))
-        target = full.BATCH_TARGET_PROGRAMS if T >= full.BATCH_MIN_TOKENS else full.TARGET_PROGRAMS
-        assert full.num_splits(T, 10**6) * T * full.HKV >= min(target, T * full.MAX_SPLITS)
-    # (from BATCH_MIN_TOKENS tokens on, 4 programs an SM, not 2: the full layers' walks over 100K contexts)
-    assert (full.num_splits(8, 10**6), full.num_splits(16, 10**6), full.num_splits(64, 10**6)) == (33, 33, 9)
-    # WHOLE_WAVES: the most splits within the target (its whole waves of programs), the same where T divides it
-    whole = load_kernel(KernelSpec(TEMPLATE, "attention", constants(6, 1, 128, 0, page=16, WHOLE_WAVES=True)), kdir)
     for T in (1, 2, 3, 5, 7, 8, 16, 32, 48, 64, 100, 128, 1000):
-        target = whole.BATCH_TARGET_PROGRAMS if T >= whole.BATCH_MIN_TOKENS else whole.TARGET_PROGRAMS
-        s = whole.num_splits(T, 10**6)
-        assert s * T <= max(target, T) and (s == whole.MAX_SPLITS or (s + 1) * T > target), (T, s)
-        assert whole.scratch_numel(T) >= whole.scratch_numel(T, s)
-    assert [whole.num_splits(T, 10**6) for T in (1, 8, 16, 32, 64, 128)] == [256, 33, 33, 16, 8, 4]
+        target = full.BATCH_TARGET_PROGRAMS if T >= full.BATCH_MIN_TOKENS else full.TARGET_PROGRAMS
+        for k in (full, up):
+            for m in (16, 4096, 10**6):
+                assert k.scratch_numel(T) >= k.scratch_numel(T, k.num_splits(T, m))
+        # rounded up: the fewest splits that reach the target; floored: the most within it (whole waves)
+        assert up.num_splits(T, 10**6) * T * up.HKV >= min(target, T * up.MAX_SPLITS)
+        s = full.num_splits(T, 10**6)
+        assert s * T <= max(target, T) and (s == full.MAX_SPLITS or (s + 1) * T > target), (T, s)
+    # (from BATCH_MIN_TOKENS tokens on, 4 programs an SM, not 2: the full layers' walks over 100K contexts)
+    assert [up.num_splits(T, 10**6) for T in (8, 16, 64)] == [33, 33, 9]
+    assert [full.num_splits(T, 10**6) for T in (1, 8, 16, 32, 64, 128)] == [256, 33, 33, 16, 8, 4]
 
 
 def _stage0_loads(cubin: bytes, tmp: Path) -> tuple[int, int]:

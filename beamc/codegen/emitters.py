@@ -191,11 +191,11 @@ ROUTER_PREFILL_TILES = dict(BLOCK_M=2)
 
 
 # decode steps of at least this many tokens take the router's large (tensor-core) path, as prefill does; None: the
-# small-M path at every decode step (the default). Why it may pay: at batch 64 the small path took 2,048 us of a
-# 26.9 ms step (42 us a layer; H100, s48run4), and each of its programs reads its block of W once per 8 tokens;
-# measured next in `bench/device_plan.sh s48f` (`bench/router_decode.py --tokens`, `bench/decode_batch.py
-# --router-large-min-tokens N`)
-ROUTER_DECODE_LARGE_MIN_TOKENS: int | None = None
+# small-M path at every decode step. Why: each small-path program reads its block of W once per 8 tokens. Measured in
+# the decode step on an H100 (32K contexts, bench/results/decode-batch-2026-12-07-s50run1-cands.json against
+# -s50run2-default.json, among other candidates, the router's lines by op): batch 64 2,034 -> 1,208 us a step, batch
+# 128 3,377 -> 1,266; batch 8 (the small path in both) 535 / 557
+ROUTER_DECODE_LARGE_MIN_TOKENS: int | None = 16
 
 
 @emits("moe_router")
@@ -230,7 +230,9 @@ GEMV_MAX_TOKENS = 64  # the gemv template's small-M range
 # measured (a benchmark's setting: `bench/decode_batch.py --gemv-min-tokens`). Why: the choices come from each GEMM
 # alone, where cuBLAS beat the gemv from 4 tokens on for o_proj (3.62 against 3.98 us, H200 s24run5); in the step
 # the library call has no PDL overlap, and o_proj there took 267-328 us a step at 2-8 tokens against the gemv's 172
-# at one (s48run4, H100)
+# at one (s48run4, H100). Measured in the step (H100, 32K contexts, s50run1 among other candidates against s50run2):
+# the linear ops 310 / 338 / 369 us a step at 2 / 4 / 8 tokens with o_proj on the gemv against 297 / 301 / 304 with
+# it on cuBLAS, the boundary after it 41-74 us faster: no clear gain, off
 GEMV_MIN_TOKENS = None
 
 
@@ -294,9 +296,11 @@ def _linear_softcap(node: Node, g: Graph, ctx: Context) -> list[Launch]:
         kernel(node, "softcap", ctx, args=(s, out.name), V=out.shape[-1], CAP=node.attrs["cap"])])
 
 
-MOE_DECODE_MAX_TOKENS = 64  # moe_nvfp4_decode's range; more tokens take the grouped (sorted-by-expert) kernel
+MOE_DECODE_MAX_TOKENS = 128  # moe_nvfp4_decode's range; more tokens take the grouped (sorted-by-expert) kernel
 # (measured in the decode step on an H100, s47run4: with the grouped kernel from 9 tokens on the MoE took 16.3 / 27.2 /
-# 34.4 ms a step at batch 16 / 32 / 64 against moe_nvfp4_decode's 8.6 / 16.4 / 34.5: 64 stands)
+# 34.4 ms a step at batch 16 / 32 / 64 against moe_nvfp4_decode's 8.6 / 16.4 / 34.5 (the scanning render); with the
+# planned render (PLAN, s48), 32K contexts, H100 s50run1-2: batch 128 36,052 us a step on the grouped kernel against
+# 16,106 on this one, the step 48.8 -> 26.7 ms: 128)
 # moe_nvfp4_decode's plain render (sm90, bf16) with both stages capped at this many registers (its MAXNREG): 4 programs
 # an SM instead of 3. H100, s47run5 (the kernel alone): 16 tokens 189 -> 176 us, 64 tokens 692 -> 606. The COMBINE
 # render (the steps of 1-8 tokens at TP > 1) stays uncapped, as measured in its step
@@ -320,17 +324,23 @@ MOE_DEQUANT_DOWN_MIN_TOKENS = 16384
 # against -s11run1-combine1, the experts re-laid out): 2.918 ms with two launches, 2.971 with COMBINE. Measured again
 # after the late PDL triggers of the MoE experts and the decode attention (2026-12-02, bench/results/
 # variants-2026-12-02-s16run2.json, variants in one run, logits bitwise): 2.597 / 2.586 ms with two launches, 2.522
-# with COMBINE at T = 1 (-2.7%): on up to 8 tokens, where it also won alone; T = 2-8 not measured in a step. The pass
-# moves the combine into the op either way; above the limit the emitter runs the two launches as before it.
-MOE_COMBINE_MAX_TOKENS = 8
+# with COMBINE at T = 1 (-2.7%). At 2-8 tokens in the step (H100, 32K contexts, decode-batch-2026-12-07-s50run1-cands
+# against -s50run2-default, us a step, the experts + moe_combine against COMBINE; the plain render planned from 9
+# pairs): 2 tokens 1,668 / 1,578, 4 2,490 / 2,525, 8 4,250 / 4,510: COMBINE to 4 tokens, the planned plain render and
+# moe_combine from 5 (moe_nvfp4_decode's PLAN_MIN_PAIRS 32). The pass moves the combine into the op either way; above
+# the limit the emitter runs the two launches as before it.
+MOE_COMBINE_MAX_TOKENS = 4
 MOE_COMBINE_CHOICE = {"combine_in_experts_up_to_tokens": MOE_COMBINE_MAX_TOKENS, "basis": "measured",
                       "figures": [{"tokens": t, "two_launches_us": a, "combine_us": b}
                                   for t, a, b in ((1, 20.38, 21.07), (2, 29.99, 29.79), (4, 51.97, 46.64),
                                                   (8, 96.94, 87.31))],
                       "in_step": {"tokens": 1, "two_launches_ms": 2.5915, "combine_ms": 2.522},
+                      "in_batch_step_us": [{"tokens": t, "planned_two_launches_us": a, "combine_us": b}
+                                           for t, a, b in ((2, 1668, 1578), (4, 2490, 2525), (8, 4250, 4510))],
                       "source": "bench/results/moe-combine-2026-12-01-s10run5.json, "
                                 "variants-2026-12-02-s16run2.json (in the step; 2026-12-01 s11run1: 2.918 / 2.971 "
-                                "before the late PDL triggers)"}
+                                "before the late PDL triggers); decode-batch-2026-12-07-s50run1-cands.json against "
+                                "-s50run2-default.json (H100, 32K contexts, us a step)"}
 # sm90, bf16, the relayout on (`Context.moe_wgmma`): from MOE_WGMMA_MIN_TOKENS on, moe_nvfp4_prefill's WGMMA render
 # (its GEMMs warp-specialised on wgmma, the NVFP4 words copied by cp.async and decoded in the main loop by a load
 # partition; no dequantisation scratch) instead of the in-loop and DEQUANT renders; from MOE_WGMMA_BM256_MIN_TOKENS on
@@ -710,7 +720,10 @@ def attention_decode_tiles(window: int) -> dict:
 # program walks a few blocks and fixed costs rule (the tiles above measured best there), at 16-128 tokens each walks
 # 50-200 blocks; the full render's 232 registers let 2 programs of 4 warps share an SM (8 warps for a latency-bound
 # loop), blocks of 32 capped at 128 registers let 4 (no spill: tests/test_kernels_attention_decode.py), and the
-# splits floored to whole waves of programs (WHOLE_WAVES) keep the last wave from being a sliver. Not measured yet
+# splits floored to whole waves of programs (WHOLE_WAVES) keep the last wave from being a sliver. Measured on an H100
+# (s50run2, the full layer alone, 64 sequences of 100K, fp8, us): the tiles above 721.5 at 8 splits, blocks of 32 at
+# 128 registers 793.5, blocks of 32 uncapped 776.2, 16 1,018.8 at best; in the step from 16 tokens (s50run1) the
+# attention at batch 64 / 128 3,351 / 6,385 us against 3,232 / 6,147 with the tiles above on whole waves: off
 ATTENTION_DECODE_BATCH_MIN_TOKENS = None
 ATTENTION_DECODE_BATCH_TILES = {"BLOCK_N": 32, "MAXNREG": 128, "WHOLE_WAVES": True}
 
