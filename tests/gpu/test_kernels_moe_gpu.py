@@ -95,7 +95,10 @@ def _idx(kind: str, T: int, c: dict, g: torch.Generator) -> torch.Tensor:
 
 CASES = [(1, True, None, "distinct"), (4, True, None, "distinct"), (8, True, None, "distinct"),
          (16, True, None, "bad"), (64, True, None, "distinct"), (64, True, None, "skewed"),
-         (1, False, None, "distinct"), (8, False, None, "distinct"), (4, True, False, "distinct")]
+         (1, False, None, "distinct"), (8, False, None, "distinct"), (4, True, False, "distinct"),
+         # (the decode range since s50: to 128 tokens, planned from 33 pairs: 5 tokens at top-8)
+         (5, True, None, "distinct"), (100, True, None, "bad"), (128, True, None, "distinct"),
+         (128, True, None, "skewed")]
 
 
 @pytest.mark.parametrize("T,relaid,pdl,kind", CASES)
