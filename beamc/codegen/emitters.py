@@ -303,7 +303,7 @@ MOE_DECODE_MAX_TOKENS = 128  # moe_nvfp4_decode's range; more tokens take the gr
 # 16,106 on this one, the step 48.8 -> 26.7 ms: 128)
 # moe_nvfp4_decode's plain render (sm90, bf16) with both stages capped at this many registers (its MAXNREG): 4 programs
 # an SM instead of 3. H100, s47run5 (the kernel alone): 16 tokens 189 -> 176 us, 64 tokens 692 -> 606. The COMBINE
-# render (the steps of 1-8 tokens at TP > 1) stays uncapped, as measured in its step
+# render (the steps of 1-MOE_COMBINE_MAX_TOKENS tokens at TP > 1) stays uncapped, as measured in its step
 MOE_DECODE_MAXNREG = 128
 # From this many tokens on (sm90), the grouped kernel's DEQUANT render: each expert's gate_up weights dequantised once
 # per step into bf16 scratch, then that GEMM on plain bf16 tiles. H200, 2026-12-01 (bench/results/
@@ -435,7 +435,7 @@ MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis":
 
 @emits("moe_experts")
 def _moe_experts(node: Node, g: Graph, ctx: Context, combine: dict | None = None) -> list[Launch]:
-    """NVFP4 experts, both phases: up to 64 tokens the W4A16 decode kernel (only the chosen experts' bytes read,
+    """NVFP4 experts, both phases: up to MOE_DECODE_MAX_TOKENS the W4A16 decode kernel (only the chosen experts' bytes read,
     one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by expert on
     the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
     native block-scaled NVFP4 path); on sm90 (bf16, the relayout on) from MOE_WGMMA_MIN_TOKENS on, the same kernel's

@@ -132,8 +132,8 @@ class Package:
             "transform": RELAYOUT,
             "what": "each MoE layer's NVFP4 experts re-laid out once, layer by layer: codes int32 [E, N, K/8], block "
                     "scales uint8 [E, N, K/16] (the layout of moe_nvfp4_decode's RELAYOUT), global scales unchanged; "
-                    "moe_nvfp4_decode (T <= 64; moe_nvfp4_frag up to --moe-frag-max-tokens) and moe_nvfp4_prefill "
-                    "(T >= 65) all read that one copy",
+                    "moe_nvfp4_decode (decode steps to emitters.MOE_DECODE_MAX_TOKENS; moe_nvfp4_frag up to "
+                    "--moe-frag-max-tokens) and moe_nvfp4_prefill (above) all read that one copy",
             "function": sorted({f"kernels/{g['kernel']}.py: relayout" for g in plan}),
             "layers": [g["layer"] for g in plan],
             "params": [n for g in plan for n in g["params"]]}}
