@@ -120,9 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--moe-combine-max-tokens", type=int, default=None, metavar="N",
                    help="at TP > 1, steps of up to N tokens run the MoE decode kernel's COMBINE render (the top-k "
                         "combine and x2.5 in its down GEMM's epilogue: one launch less per MoE layer); larger steps "
-                        "the expert kernels then moe_combine; 0: off. Default: 8 (on the H200 the whole decode step at 1 "
-                        "token 2.59 -> 2.52 ms, the kernel alone faster at 2-8 tokens: docs/perf-log.md, sixteenth "
-                        "session)")
+                        "the expert kernels then moe_combine; 0: off. Default: 4 (on the H200 the whole decode step at 1 "
+                        "token 2.59 -> 2.52 ms, sixteenth session; in the batch-8 step on an H100 the planned render "
+                        "and moe_combine took 4,250 us against COMBINE's 4,510, even at 4: docs/perf-log.md, "
+                        "fiftieth session)")
     c.add_argument("--moe-frag-max-tokens", type=int, default=0, metavar="N",
                    help="decode steps of up to N tokens (at most the COMBINE range) run each MoE layer's experts and "
                         "top-k combine as moe_nvfp4_frag (a Gluon kernel: every warp loads its re-laid-out NVFP4 "
