@@ -435,9 +435,9 @@ MOE_DEQUANT_CHOICE = {"kernel_for_tokens_from": MOE_DEQUANT_MIN_TOKENS, "basis":
 
 @emits("moe_experts")
 def _moe_experts(node: Node, g: Graph, ctx: Context, combine: dict | None = None) -> list[Launch]:
-    """NVFP4 experts, both phases: up to MOE_DECODE_MAX_TOKENS the W4A16 decode kernel (only the chosen experts' bytes read,
-    one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by expert on
-    the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
+    """NVFP4 experts, both phases: up to MOE_DECODE_MAX_TOKENS the W4A16 decode kernel (only the chosen experts'
+    bytes read, one program per (token, choice) block); above, the grouped kernel (pairs sorted and block-aligned by
+    expert on the device, gate_up+SwiGLU and down GEMMs on tensor cores with the dequantisation in the main loop; on sm100 its
     native block-scaled NVFP4 path); on sm90 (bf16, the relayout on) from MOE_WGMMA_MIN_TOKENS on, the same kernel's
     WGMMA render (its GEMMs warp-specialised on wgmma, the NVFP4 decode in the main loop; MOE_WGMMA_FORMS), else (or
     with --no-moe-wgmma) from MOE_DEQUANT_MIN_TOKENS on its DEQUANT render (the gate_up weights dequantised once per
