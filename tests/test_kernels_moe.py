@@ -313,6 +313,9 @@ MOE_CASES = {
     "E7-T8-relaid-one-expert-plan-mp2": (1, dict(_odd(7, 128, 32, 2), PLAN=True, PLAN_MIN_PAIRS=0, MP_MAX=2), 8,
                                          True, "one"),
     "tp1-T3-relaid-plan-below": (1, dict(PLAN=True, PLAN_MIN_PAIRS=64), 3, True, "shared"),
+    # past the decode range before s50 (64; emitters.MOE_DECODE_MAX_TOKENS is 128 since) on the default
+    # PLAN_MIN_PAIRS: more pairs than two of the plan's PLAN_CHUNK steps (288 at the tiny spec's top-4), bad ids
+    "tp2-T72-relaid-bad-ids-plan": (2, dict(PLAN=True), 72, True, "bad"),
 }
 MOE_PDL_CASES = ["tp1-T3-relaid+pdl"]
 
