@@ -540,12 +540,13 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
     tests t-rt 170 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs"
     ;;
-  s50c)  # (~8.5 minutes; s50b cut for the device time left) the new defaults: the MoE decode kernel's GPU cases in its
+  s50c)  # (~9.5 minutes; s50b cut for the device time left) the new defaults: the MoE decode kernel's GPU cases in its
     # new range (5 tokens planned, 100 / 128), the runtime's GPU tests, the step at batch 1 / 6 / 16 / 32 / 128
     tests t-moe 100 tests/gpu/test_kernels_moe_gpu.py -k "matches and (128 or 100 or 5-True)"
     tests t-rt 150 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs"
     step batch-new 230 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,6,16,32,128 --context 32768
     step compare-new 20 python3 bench/compare_batch.py bench/results/decode-batch-2026-12-07-s50run2-default.json "$OUT/r/decode-batch-$(date +%F).json"
+    step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 4,8,16,32  # (the large path's bound)
     ;;
   s50d)  # (~6 minutes; s50c cut to the device time left) the MoE decode kernel's GPU cases in its new range, the
     # runtime's GPU tests on the new defaults, then the step at batch 16 / 128 as time allows
