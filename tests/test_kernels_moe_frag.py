@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from beamc.codegen import emitters
-from beamc.codegen.emitters import frag_shapes
+from beamc.codegen.emitters import MOE_COMBINE_MAX_TOKENS, frag_shapes
 from beamc.codegen.kernel import KernelSpec, aot_compile, launch_options, load_kernel
 from beamc.codegen.package import compile_package
 from beamc.errors import BeamcError
@@ -103,9 +102,10 @@ def test_frag_shapes_follow_the_template():
 
 def test_frag_is_an_option_of_small_bf16_sm90_steps():
     """`--moe-frag-max-tokens N`: at TP 2 (the combine_experts pass's op), the tiny spec's decode steps of up to N
-    tokens take moe_nvfp4_frag, then up to emitters.MOE_COMBINE_MAX_TOKENS the COMBINE render as before (N at or above it: none of it); recorded in
-    the manifest; the experts' relayout unchanged (the frag kernel reads it). Off by default, and never for fp32
-    instances, sm100 or without the relayout (it reads only the re-laid-out words); a negative count refused."""
+    tokens take moe_nvfp4_frag, then up to emitters.MOE_COMBINE_MAX_TOKENS the COMBINE render as before (N at or
+    above it: none of it); recorded in the manifest; the experts' relayout unchanged (the frag kernel reads it). Off
+    by default, and never for fp32 instances, sm100 or without the relayout (it reads only the re-laid-out words); a
+    negative count refused."""
     tiny = load_spec(ROOT / "models/beam-tiny.yaml")
 
     def moe(pkg):
@@ -114,12 +114,12 @@ def test_frag_is_an_option_of_small_bf16_sm90_steps():
 
     on = compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16", moe_frag_max_tokens=1)
     got = moe(on)
-    most = emitters.MOE_COMBINE_MAX_TOKENS
+    most = MOE_COMBINE_MAX_TOKENS
     assert got[:2] == [("moe_nvfp4_frag", 0, 1), ("moe_nvfp4_decode", 2, most)], got
     assert on.manifest()["moe_frag_max_tokens"] == 1 and on.nvfp4_relayouts()
-    all8 = moe(compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16",
-                               moe_frag_max_tokens=20))
-    assert all8[0] == ("moe_nvfp4_frag", 0, most) and all8[1][1] == most + 1, all8  # (capped at the COMBINE range)
+    capped = moe(compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), dtype="bf16",
+                                 moe_frag_max_tokens=20))
+    assert capped[0] == ("moe_nvfp4_frag", 0, most) and capped[1][1] == most + 1, capped  # (the COMBINE range)
     with pytest.raises(BeamcError, match="--moe-frag-max-tokens"):
         compile_package(tiny, tp=2, passes=list(PASSES), phases=("decode",), moe_frag_max_tokens=-1)
     frag = next(ln.kernel for n, ln in on.steps["decode"].launches
