@@ -39,7 +39,8 @@ EMITTER_OPTIONS = {
     "moe_decode_max_tokens": ("MOE_DECODE_MAX_TOKENS", "moe", "steps of more tokens run the MoE experts on the grouped "
                               "(sorted-by-expert) kernel instead of moe_nvfp4_decode (default: the emitter's)"),
     "router_large_min_tokens": ("ROUTER_DECODE_LARGE_MIN_TOKENS", "router", "decode steps of N tokens or more run "
-                                "the router's large (tensor-core) path instead of its small-M one (default: none)"),
+                                "the router's large (tensor-core) path instead of its small-M one (default: the emitter's, "
+                                "16; a bound past the largest bucket keeps the small path)"),
     "moe_combine_max_tokens": ("MOE_COMBINE_MAX_TOKENS", "combine", "steps of up to N tokens run the MoE decode "
                                "kernel's COMBINE render, larger ones its plain render then moe_combine (default: the "
                                "emitter's)"),
