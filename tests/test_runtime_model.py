@@ -727,7 +727,7 @@ def _batch_options_main(out: str, ckpt: str) -> None:
 def test_batch_decode_options_equal_the_reference_session(tiny_ckpt_nvfp4, tmp_path):
     """Two batch-decode options through the compiled fp32 package under the interpreter: the MoE decode kernel's
     PLAN on every step (`--set moe_nvfp4_decode.PLAN_MIN_PAIRS=0`: the tiny spec's steps have too few pairs for the
-    default 64; the pairs grouped by expert in a first launch, each program on one item; NVFP4 experts) and the
+    default 32; the pairs grouped by expert in a first launch, each program on one item; NVFP4 experts) and the
     router's large path from 2 decode tokens on (`emitters.ROUTER_DECODE_LARGE_MIN_TOKENS`; the small path at 1), and
     the decode attention's batch tiles from 2 tokens on (`emitters.ATTENTION_DECODE_BATCH_MIN_TOKENS`: blocks of 32,
     whole-wave splits; the register cap is the GPU's): a ragged prefill of 14 tokens, a decode step of 2 and one of

@@ -216,7 +216,8 @@ def _moe_router(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     n = ROUTER_DECODE_LARGE_MIN_TOKENS
     if n is None:
         return [router("small")]
-    choice = {"large_from_tokens": n, "basis": "ROUTER_DECODE_LARGE_MIN_TOKENS (a benchmark's setting)"}
+    choice = {"large_from_tokens": n, "basis": "ROUTER_DECODE_LARGE_MIN_TOKENS: measured in the decode step (H100, "
+              "decode-batch-2026-12-07-s50run1-cands.json against -s50run2-default.json)"}
     return by_token_count(router("small"), router("large"), n, choice)
 
 
