@@ -176,8 +176,9 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("--checkpoint", required=True, metavar="DIR", help="HF checkpoint directory (safetensors)")
     lg.add_argument("--input", required=True, help='JSON: {"sequences": [[ids...], ...], "decode_steps": 0}')
     lg.add_argument("-o", "--output", required=True, help="safetensors file to write the logits to")
-    lg.add_argument("--dtype", choices=["f32", "bf16", "fp32"], default="f32",
-                    help="activation dtype, as the IR names it: f32 (logic checks) or bf16 (fp32 is accepted for f32)")
+    lg.add_argument("--dtype", choices=["f32", "bf16", "f16", "fp32", "fp16"], default="f32",
+                    help="activation dtype, as the IR names it: f32 (logic checks) or the spec's own (bf16, or f16 "
+                         "for a float16 spec; fp32 / fp16 are accepted for f32 / f16)")
     lg.add_argument("--tp", type=int, default=1, help="tensor-parallel size (ranks simulated in one process)")
     lg.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     _pass_flags(lg, default="none")
@@ -198,8 +199,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="compiled (default): the generated package through the runtime; interpreter: the IR "
                          "reference")
     gn.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    gn.add_argument("--dtype", choices=["f32", "bf16", "fp32"], default="f32",
-                    help="activation dtype: f32 (default; the only one on a CPU with --backend compiled) or bf16")
+    gn.add_argument("--dtype", choices=["f32", "bf16", "f16", "fp32", "fp16"], default="f32",
+                    help="activation dtype: f32 (default; the only one on a CPU with --backend compiled) or the "
+                         "spec's own (bf16, or f16 for a float16 spec)")
     gn.add_argument("--json", action="store_true", help="print one JSON object: tokens, tokens_per_s, backend")
     _pass_flags(gn, default="all")
     gn.set_defaults(fn=_cmd_generate)

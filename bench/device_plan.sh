@@ -538,12 +538,12 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step batch-new 320 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,2,4,6,8,16,32,64,128 --context 32768
     step compare-new 20 python3 bench/compare_batch.py bench/results/decode-batch-2026-12-07-s50run2-default.json "$OUT/r/decode-batch-$(date +%F).json"
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 8,16,32,64
-    tests t-rt 170 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs"
+    tests t-rt 170 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs or f16_model"
     ;;
   s50c)  # (~9.5 minutes; s50b cut for the device time left) the new defaults: the MoE decode kernel's GPU cases in its
     # new range (5 tokens planned, 100 / 128), the runtime's GPU tests, the step at batch 1 / 6 / 16 / 32 / 128
     tests t-moe 100 tests/gpu/test_kernels_moe_gpu.py -k "matches and (128 or 100 or 5-True)"
-    tests t-rt 150 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs"
+    tests t-rt 150 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs or f16_model"
     step batch-new 230 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,6,16,32,128 --context 32768
     step compare-new 20 python3 bench/compare_batch.py bench/results/decode-batch-2026-12-07-s50run2-default.json "$OUT/r/decode-batch-$(date +%F).json"
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 4,8,16,32  # (the large path's bound)
@@ -551,13 +551,13 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
   s50d)  # (~6 minutes; s50c cut to the device time left) the MoE decode kernel's GPU cases in its new range, the
     # runtime's GPU tests on the new defaults, then the step at batch 16 / 128 as time allows
     tests t-moe 90 tests/gpu/test_kernels_moe_gpu.py -k "matches and (128 or 100 or 5-True)"
-    tests t-rt 120 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs"
+    tests t-rt 120 tests/gpu/test_runtime_gpu.py -k "every_decode_bucket or graph_decode_equals or planned_moe or tp2_rank_graphs or f16_model"
     step batch-new 130 python3 bench/decode_batch.py --out "$OUT/r" --batches 16,128 --context 32768
     ;;
   s50e)  # (~3 minutes; the last of a session's device time) the MoE decode kernel's GPU cases in its new range, then
     # the runtime's graph-vs-eager and planned-MoE GPU tests on the new defaults
     tests t-moe 80 tests/gpu/test_kernels_moe_gpu.py -k "matches and (128 or 100 or 5-True)"
-    tests t-rt 100 tests/gpu/test_runtime_gpu.py -k "graph_decode_equals or planned_moe"
+    tests t-rt 100 tests/gpu/test_runtime_gpu.py -k "graph_decode_equals or planned_moe or f16_model"
     ;;
   s49e)  # (~9 minutes, when little device time is left) s49c, then the decode attention at batch 64 (3 configs) and
     # the router's two paths at 8-64 tokens

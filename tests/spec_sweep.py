@@ -8,7 +8,13 @@ configurations it does not see). Not a pytest module (minutes per run); a line p
                                                                       # the interpreter backend, within 1e-5
     python tests/spec_sweep.py runtime --seed 1 --count 10 --tp 2     # the interpreter backend at TP 2 (simulated
                                                                       # ranks) against itself at TP 1
-`--odd`: head dims, widths and vocabularies that are not powers of 2. A spec that the schema or the TP split refuses
+    python tests/spec_sweep.py hf --seed 1 --count 10 [--wide]        # the interpreter (fp32) against transformers'
+                                                                      # Beam on the same random checkpoint, 1e-5
+    python tests/spec_sweep.py passes --seed 1 --count 10 [--wide] [--tp 2]  # the interpreter at the spec's own
+                                                                      # dtypes: every pass against none, bitwise
+`--odd`: head dims, widths and vocabularies that are not powers of 2. `--wide`: also explicit per-layer
+attention / MLP lists, mixed storage dtypes, other norm eps, SSMax constants and renorm eps (hf: only what
+config.json can carry). A spec that the schema or the TP split refuses
 is reported as such (one clear error: not a failure). Found so far (forty-fifth session, each fixed with a test): the
 router at top_k 1 / topk_group 1, non-power-of-2 head dims in the prefill attention, f16 models' MoE on sm100.
 """
@@ -52,6 +58,30 @@ def full_size(rng: random.Random) -> dict:
             "dtypes.activations": rng.choice(["bfloat16", "bfloat16", "float16"])}
 
 
+def full_size_wide(rng: random.Random) -> dict:
+    """full_size() plus the spec's other free fields (as wide() for small specs): fp32 activations, mixed storage
+    dtypes, explicit layer lists, SSMax off, (1 + w) norms."""
+    c = full_size(rng)
+    n = c["num_layers"]
+    act = rng.choice(["bfloat16", "float16", "float32"])
+    c["dtypes.activations"] = act
+    for k in ("embeddings", "attention_weights", "dense_mlp_weights", "norm_weights", "lm_head"):
+        c[f"dtypes.{k}"] = rng.choice(["bfloat16", "float16", "float32", act])
+    if c["logits.tie_word_embeddings"]:
+        c["dtypes.lm_head"] = c["dtypes.embeddings"]
+    if c["dtypes.experts"] != "nvfp4":
+        c["dtypes.experts"] = rng.choice(["bfloat16", "float16", "float32"])
+    if rng.random() < 0.5:
+        c["layers.attention"] = [rng.choice(["sliding_attention", "full_attention"]) for _ in range(n)]
+    if rng.random() < 0.5:
+        c["layers.mlp"] = [rng.choice(["dense", "sparse"]) for _ in range(n)]
+    c["attention.full.q_scale"] = rng.choice([None, {"length": 2048.0, "offset": 1.0, "exponent": 0.1}])
+    c["norm.weight_form"] = rng.choice(["w", "1+w"])
+    c["attention.qk_norm.weight_form"] = rng.choice(["w", "1+w"])
+    c["attention.sliding.window_includes_current"] = rng.random() < 0.7
+    return c
+
+
 def small(rng: random.Random, odd: bool) -> dict:
     hd = rng.choice([8, 24, 40, 48] if odd else [16, 32, 64])
     nkv = rng.choice([1, 2, 4])
@@ -73,6 +103,113 @@ def small(rng: random.Random, odd: bool) -> dict:
             "attention.sliding.rope.theta": rng.choice([10000.0, 500000.0])}
 
 
+# small()'s draws of fields transformers' Beam hard-codes, pinned to its values for the hf mode
+HF_FIXED = {"norm.weight_form": "w", "residual.attn_n.extra": 0, "residual.mlp_n.scale": 2}
+
+
+def wide(rng: random.Random, odd: bool, hf: bool) -> dict:
+    """small() plus the spec's other free fields: explicit layer lists, mixed storage dtypes, eps and SSMax values;
+    with hf, only what config.json carries (transformers hard-codes the rest)."""
+    c = small(rng, odd)
+    n = c["num_layers"]
+    if hf:
+        c.update(HF_FIXED)
+    if rng.random() < 0.5:
+        c["layers.attention"] = [rng.choice(["sliding_attention", "full_attention"]) for _ in range(n)]
+    else:
+        c["layers.last_is_full"] = rng.random() < 0.7
+    if rng.random() < 0.5:
+        c["layers.mlp"] = [rng.choice(["dense", "sparse"]) for _ in range(n)]
+    eps = rng.choice([1e-6, 1e-5, 1e-3])
+    c["norm.eps"] = eps
+    c["attention.qk_norm.eps"] = eps if hf or rng.random() < 0.5 else rng.choice([1e-6, 1e-5])
+    act = rng.choice(["bfloat16", "float16", "float32"])
+    c["dtypes.activations"] = act
+    for k in ("embeddings", "attention_weights", "dense_mlp_weights", "norm_weights", "lm_head"):
+        c[f"dtypes.{k}"] = act if hf else rng.choice(["bfloat16", "float16", "float32", act])
+    if c["logits.tie_word_embeddings"]:
+        c["dtypes.lm_head"] = c["dtypes.embeddings"]
+    if c["dtypes.experts"] != "nvfp4":
+        c["dtypes.experts"] = act if hf else rng.choice(["bfloat16", "float16", "float32"])
+    if not hf:
+        c["mlp.moe.renorm_eps"] = rng.choice([1e-20, 1e-6])
+        c["attention.full.q_scale"] = rng.choice([None, {"length": 64.0, "offset": 0.0, "exponent": 0.5},
+                                                  {"length": 2048.0, "offset": 1.0, "exponent": 0.1}])
+        c["attention.qk_norm.weight_form"] = rng.choice(["w", "1+w"])
+    c["max_position_embeddings"] = rng.choice([64, 8192])
+    return c
+
+
+def hf_parity(spec, rng: random.Random, seed: int) -> str:
+    """The interpreter's fp32 prefill of a ragged batch against transformers' Beam (fp32, eager experts, sdpa) on
+    the same random checkpoint."""
+    import torch
+
+    from conftest import hf_logits, hf_model, rel_err
+
+    from beamc.checkpoint.init import init_weights
+    from beamc.runtime.session import ReferenceSession
+    from beamc.spec.hf import hf_config_to_spec, hf_unexpressed, spec_to_hf_config
+
+    if hf_unexpressed(spec):
+        return "skipped: " + "; ".join(hf_unexpressed(spec))
+    # config.json and back (`beamc import-hf`): the same model (the layer lists may come back as rules)
+    back = hf_config_to_spec(spec_to_hf_config(spec), spec.name)
+    facts = lambda s: (s.model_dump(exclude={"layers": True, "attention": {"sliding": {"window",  # noqa: E731
+                       "window_includes_current"}}}), s.attention_types, s.mlp_types, s.effective_window)
+    if facts(back) != facts(spec):
+        return "FAILED: the spec through config.json and back differs"
+    d = Path(tempfile.mkdtemp())
+    init_weights(spec, d, seed=seed)
+    n = min(spec.max_position_embeddings, 40)
+    seqs = [[rng.randrange(spec.vocab_size) for _ in range(rng.randint(1, n))] for _ in range(rng.randint(1, 3))]
+    # a ragged prefill of each sequence's first part, then decode steps of the sequences still going (one token each)
+    cut = [rng.randint(1, len(ids)) for ids in seqs]
+    sess = ReferenceSession.from_checkpoint(spec, d, dtype="f32", max_len=n, max_chunk=n * 3)
+    outs = [[o] for o in sess.prefill([(i, ids[:c]) for i, (ids, c) in enumerate(zip(seqs, cut))])]
+    for t in range(max(len(ids) - c for ids, c in zip(seqs, cut))):
+        step = {i: ids[c + t] for i, (ids, c) in enumerate(zip(seqs, cut)) if c + t < len(ids)}
+        for i, row in zip(step, sess.decode(step)):
+            outs[i].append(row[None])
+    model = hf_model(d, torch.float32)
+    worst = max(rel_err(torch.cat(out), hf_logits(model, ids)) for ids, out in zip(seqs, outs))
+    return "ok" if worst < 1e-5 else f"FAILED: logits {worst:.2e} apart from transformers'"
+
+
+def passes_bitwise(spec, rng: random.Random, seed: int, tp: int = 1) -> str:
+    """The interpreter at the spec's own dtypes (bf16 / f16 / fp32, mixed storage): graphs with every pass against
+    graphs without any, bit for bit, over a ragged prefill and decode steps (at TP tp where the spec allows it)."""
+    import torch
+
+    from beamc.checkpoint.init import init_weights
+    from beamc.checkpoint.layout import check_tp
+    from beamc.compiler import compile_graphs
+    from beamc.passes.manager import select_passes
+    from beamc.runtime.session import ReferenceSession
+
+    try:
+        check_tp(spec, tp)
+    except Exception:  # noqa: BLE001 - this spec does not split tp ways
+        tp = 1
+    d = Path(tempfile.mkdtemp())
+    init_weights(spec, d, seed=seed)
+    n = min(spec.max_position_embeddings, 40)
+    seqs = [[rng.randrange(spec.vocab_size) for _ in range(rng.randint(1, n - 2))] for _ in range(rng.randint(1, 3))]
+    outs = []
+    for names in ("none", "all"):
+        graphs = compile_graphs(spec, tp=tp, dtype=None, passes=select_passes(names))
+        sess = ReferenceSession.from_checkpoint(spec, d, tp=tp, dtype=None, max_len=n, max_chunk=n * 3,
+                                                graphs=graphs)
+        out = sess.prefill(list(enumerate(seqs)))
+        for t in range(2):
+            out.append(sess.decode({i: s[t % len(s)] for i, s in enumerate(seqs)}))
+        outs.append(out)
+    same = all(torch.equal(a, b) for a, b in zip(*outs))
+    finite = all(bool(x.isfinite().all()) for x in outs[0])
+    return (f"tp {tp}: " if tp > 1 else "") + ("ok" if same and finite else
+                                               f"FAILED: bitwise {same}, finite {finite}")
+
+
 def aot(spec, rng: random.Random, arch: int, seen: set) -> str:
     """Every kernel of one rank's package (a random TP the heads allow) compiled for sm_<arch>a."""
     from beamc.codegen.package import compile_package
@@ -80,7 +217,10 @@ def aot(spec, rng: random.Random, arch: int, seen: set) -> str:
     from test_codegen import _aot
 
     tp = rng.choice([t for t in (1, 2, 4, 8) if spec.attention.num_heads % t == 0])
-    pkg = compile_package(spec, target="sm100" if arch == 100 else "sm90", tp=tp, passes=select_passes("all"))
+    try:
+        pkg = compile_package(spec, target="sm100" if arch == 100 else "sm90", tp=tp, passes=select_passes("all"))
+    except Exception as e:  # noqa: BLE001 - a valid spec the compiler cannot compile: reported with the spec
+        return f"tp {tp}: FAILED to compile the package: {type(e).__name__}: {str(e)[:600]}"
     bad = []
     for name, k in pkg.kernels.items():
         src = k.source()
@@ -139,12 +279,13 @@ def runtime(spec, rng: random.Random, seed: int, tp: int = 1) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("aot", "runtime"))
+    ap.add_argument("mode", choices=("aot", "runtime", "hf", "passes"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--arch", type=int, choices=(90, 100), default=90, help="aot: the target")
     ap.add_argument("--odd", action="store_true", help="runtime: widths that are not powers of 2")
     ap.add_argument("--tp", type=int, default=1, help="runtime: the interpreter at this TP against TP 1 instead")
+    ap.add_argument("--wide", action="store_true", help="the spec's other free fields too")
     args = ap.parse_args(argv)
     from conftest import spec_variant
 
@@ -155,14 +296,31 @@ def main(argv=None) -> int:
     seen: set = set()
     failed = 0
     for i in range(args.count):
-        changes = full_size(rng) if args.mode == "aot" else small(rng, args.odd)
+        if args.mode == "aot":
+            changes = full_size_wide(rng) if args.wide else full_size(rng)
+        elif args.wide or args.mode == "hf":
+            changes = wide(rng, args.odd, args.mode == "hf") if args.wide else small(rng, args.odd)
+        else:
+            changes = small(rng, args.odd)
+        if args.mode == "hf":  # what config.json cannot carry: transformers' values
+            changes.update(HF_FIXED)
+            changes["attention.qk_norm.eps"] = changes.get("norm.eps", 1e-6)
+            # transformers cannot read packed NVFP4 experts (test_parity checks them by their dequantised values)
+            changes["dtypes.experts"] = changes.get("dtypes.activations", "bfloat16")
         t0 = time.time()
         try:
             spec = spec_variant(base, changes)
         except Exception as e:  # noqa: BLE001 - a refused spec: its message is the check
             print(i, "refused:", str(e)[:200], flush=True)
             continue
-        r = aot(spec, rng, args.arch, seen) if args.mode == "aot" else runtime(spec, rng, args.seed * 1000 + i, args.tp)
+        if args.mode == "aot":
+            r = aot(spec, rng, args.arch, seen)
+        elif args.mode == "hf":
+            r = hf_parity(spec, rng, args.seed * 1000 + i)
+        elif args.mode == "passes":
+            r = passes_bitwise(spec, rng, args.seed * 1000 + i, args.tp)
+        else:
+            r = runtime(spec, rng, args.seed * 1000 + i, args.tp)
         failed += "FAILED" in r
         print(i, f"{time.time() - t0:.0f}s", r, json.dumps(changes) if "FAILED" in r else "", flush=True)
     return 1 if failed else 0

@@ -157,6 +157,7 @@ def _logits(ckpt, batch, out, *extra) -> list[str]:
     ("o.safetensors", ["--device", "potato"], "--device", "unknown device 'potato' (use cpu, cuda or cuda:N)"),
     ("o.safetensors", ["--device", "cuda:x"], "--device", "unknown device 'cuda:x' (use cpu, cuda or cuda:N)"),
     ("o.safetensors", ["--device", "meta"], "--device", "'meta' is not supported (use cpu, cuda or cuda:N)"),
+    ("o.safetensors", ["--dtype", "f16"], "--dtype", "f16: this spec computes in bfloat16 (dtypes.activations)"),
 ])
 def test_logits_bad_arguments(out, extra, where, message, tmp_path, batch, tiny_ckpt_nvfp4, no_compute, capsys):
     (tmp_path / "FILE").write_text("")
@@ -387,6 +388,33 @@ def test_readme_documents_the_command_line():
                 assert a.help, f"{name} {a.option_strings[-1]} has no help text"
                 assert a.option_strings[-1] in readme or a.option_strings[0] in readme, \
                     f"README does not mention {name} {a.option_strings[-1]}"
+
+
+def test_a_float16_spec_runs_in_f16_and_refuses_bf16(tmp_path, capsys):
+    """A float16 model (its weights stored in several dtypes) computes in float16: `--dtype f16` runs it through
+    the interpreter (logits and generate), bf16 is refused in one message naming the spec's dtype."""
+    import yaml
+
+    from safetensors.torch import load_file
+
+    data = yaml.safe_load((ROOT / "models/beam-tiny.yaml").read_text())
+    data["dtypes"].update(activations="float16", embeddings="float16", lm_head="float16",
+                          attention_weights="float32")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    assert main(["init-weights", str(spec), "-o", str(tmp_path / "ckpt")]) == 0
+    (tmp_path / "b.json").write_text(json.dumps({"sequences": [[1, 2, 3], [4, 5]], "decode_steps": 2}))
+    args = ["logits", str(spec), "--checkpoint", str(tmp_path / "ckpt"), "--input", str(tmp_path / "b.json")]
+    assert main(args + ["-o", str(tmp_path / "o.st"), "--dtype", "f16", "--passes", "all"]) == 0
+    out = load_file(tmp_path / "o.st")
+    assert out["prefill.0.logits"].shape == (3, data["vocab_size"]) and out["prefill.0.logits"].isfinite().all()
+    capsys.readouterr()
+    assert main(args + ["-o", str(tmp_path / "p.st"), "--dtype", "bf16"]) == 2
+    assert "bf16: this spec computes in float16" in one_error(capsys.readouterr().err, "--dtype")
+    assert not (tmp_path / "p.st").exists()
+    assert main(["generate", str(spec), "--checkpoint", str(tmp_path / "ckpt"), "--prompt-ids", "1,2,3",
+                 "--max-new", "2", "--dtype", "fp16", "--backend", "interpreter", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tokens"]) == 2
 
 
 def test_init_weights_describes_what_config_json_can_and_warns_about_the_rest(tmp_path, capsys):

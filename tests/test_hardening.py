@@ -3,6 +3,8 @@ overruns (checked before anything is written), contexts past the spec's limit, n
 fields that change numerics really change them (as the matching transformers variant does)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -326,6 +328,31 @@ def test_tied_embeddings_at_tp2_compute_every_logit_on_each_rank(tiny_spec, tmp_
            .prefill(seqs) for tp in (1, 2)]
     for a, b in zip(*out):
         assert float((a - b).norm() / b.norm()) < 1e-5
+
+
+def test_a_renorm_eps_transformers_does_not_use_is_named_as_unexpressed(tiny_spec_bf16):
+    """transformers' Beam divides the renormalised top-k weights by (sum + 1e-20), a constant config.json cannot
+    change: a spec with another renorm_eps is reported (the init-weights warning), the schema's value is not."""
+    from beamc.spec.hf import hf_unexpressed
+
+    assert hf_unexpressed(tiny_spec_bf16) == []
+    spec = _variant(tiny_spec_bf16, **{"mlp.moe.renorm_eps": 1e-6})
+    assert hf_unexpressed(spec) == ["mlp.moe.renorm_eps = 1e-06 (transformers' Beam hard-codes 1e-20)"]
+
+
+def test_a_qk_norm_eps_apart_from_norm_eps_writes_a_checkpoint_and_is_named(tiny_spec_bf16, tmp_path):
+    """BeamConfig has one rms_norm_eps: a spec whose q / k norms use another eps still gets its checkpoint (beamc
+    reads the spec; config.json carries norm.eps), and the difference is named as unexpressed, not an error."""
+    from beamc.checkpoint.init import init_weights
+    from beamc.checkpoint.loader import load_rank_weights
+    from beamc.spec.hf import hf_unexpressed
+
+    spec = _variant(tiny_spec_bf16, **{"norm.eps": 1e-6, "attention.qk_norm.eps": 1e-5})
+    assert hf_unexpressed(spec) == ["attention.qk_norm.eps = 1e-05 (transformers' Beam uses rms_norm_eps, "
+                                    "norm.eps = 1e-06, for the q / k norms too)"]
+    init_weights(spec, tmp_path, seed=3)
+    assert json.loads((tmp_path / "config.json").read_text())["rms_norm_eps"] == 1e-6
+    assert load_rank_weights(spec, tmp_path, dtype=torch.float32)  # the loader's config check accepts it
 
 
 def test_q_scale_and_residual_indices_match_transformers_with_those_constants(tiny_spec_bf16, tiny_ckpt, monkeypatch):

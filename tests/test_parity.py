@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from beamc.ir.dtypes import ir_dtype
 from beamc.runtime.session import ReferenceSession
 from conftest import hf_logits, hf_model, register_beamc_attention, rel_err, spec_variant
 
@@ -45,6 +46,32 @@ def test_bf16_bit_exact_when_attention_arithmetic_matches(tiny_spec_bf16, tiny_c
     model = hf_model(tiny_ckpt, torch.bfloat16, attn=register_beamc_attention())
     for ids, out in zip(seqs, outs):
         assert torch.equal(out, hf_logits(model, ids))
+
+
+@pytest.mark.parametrize("act", ["bfloat16", "float16"])
+def test_mixed_storage_dtypes_compute_in_the_activations_dtype_bit_exact(tiny_spec_bf16, tmp_path, act):
+    """The weight groups' dtypes say how the checkpoint stores them; the model computes in dtypes.activations, as
+    transformers loads a checkpoint in its model dtype (the fp32 router excepted): with the same attention
+    arithmetic, the interpreter at the spec's dtypes (graphs with and without the passes) equals transformers bit
+    for bit, and the residual stream stays in the activations dtype."""
+    from beamc.checkpoint.init import init_weights
+    from beamc.compiler import compile_graphs
+    from beamc.passes.manager import select_passes
+
+    spec = spec_variant(tiny_spec_bf16, {
+        "dtypes.activations": act, "dtypes.attention_weights": "float32", "dtypes.norm_weights": "float32",
+        "dtypes.dense_mlp_weights": "bfloat16", "dtypes.embeddings": "float16", "dtypes.lm_head": "float32",
+        "dtypes.experts": "float16"})
+    init_weights(spec, tmp_path, seed=8)
+    seqs = _seqs(spec.vocab_size, 9, (23, 40))
+    model = hf_model(tmp_path, getattr(torch, act), attn=register_beamc_attention())
+    for passes in ("none", "all"):
+        graphs = compile_graphs(spec, dtype=None, passes=select_passes(passes))
+        assert {v.dtype for g in graphs["prefill"] for n in g.nodes if n.op not in ("param", "state")
+                for v in n.outputs if v.shape[-1:] == (spec.hidden_size,)} == {ir_dtype(act)}
+        sess = ReferenceSession.from_checkpoint(spec, tmp_path, dtype=None, max_len=64, max_chunk=80, graphs=graphs)
+        for ids, out in zip(seqs, sess.prefill(list(enumerate(seqs)))):
+            assert torch.equal(out, hf_logits(model, ids)), passes
 
 
 def test_bf16_against_transformers_sdpa_statistically(tiny_spec_bf16, tiny_ckpt):

@@ -185,6 +185,14 @@ def graph_params(spec: ModelSpec) -> list[TensorInfo]:
     return out
 
 
+def kept_as_stored(spec: ModelSpec, info: TensorInfo) -> bool:
+    """Whether a param keeps its stored dtype in the graph: the fp32 router (transformers keeps it in fp32 too), the
+    fp32 KV scales and the NVFP4 experts (codes and scales: what the kernels read). Every other weight is a float
+    tensor converted at load to the activations dtype, as transformers loads a checkpoint in its model dtype: the
+    `dtypes.*` of weight groups say how the checkpoint stores them, `dtypes.activations` what the model computes in."""
+    return info.group in ("router", "kv_scales") or (info.group == "experts" and spec.dtypes.experts == "nvfp4")
+
+
 def kv_scale_params(spec: ModelSpec, L: int) -> list[TensorInfo]:
     """The fp8 KV cache's scales of layer L (fp32 scalars: stored = value / scale), none for a bf16 cache.
 

@@ -18,7 +18,8 @@ import torch
 from safetensors import safe_open
 
 from beamc.checkpoint.layout import (RankSlice, TensorInfo, check_tp, expert_graph_params, file_tensors, graph_params,
-                                     kv_scale_file_names, kv_scale_params, layer_prefix, rank_shape, shard_range)
+                                     kept_as_stored, kv_scale_file_names, kv_scale_params, layer_prefix, rank_shape,
+                                     shard_range)
 from beamc.errors import BeamcError, read_error
 from beamc.ir.dtypes import FLOAT_STORAGE, from_safetensors
 from beamc.spec.hf import config_mismatches
@@ -231,25 +232,24 @@ class _RankReader:
 
 
 def _target_dtype(spec: ModelSpec, info: TensorInfo, dtype: torch.dtype | None) -> torch.dtype | None:
-    """The dtype a graph param is loaded in (None: as stored). `dtype` converts the float weights; the fp32 router,
-    the fp32 KV scales and NVFP4 experts (codes and scales: what the kernels read) stay as stored."""
-    keep = info.group in ("router", "kv_scales") or (info.group == "experts" and spec.dtypes.experts == "nvfp4")
-    return None if keep else dtype
+    """The dtype a graph param is loaded in (None: as stored). `dtype` converts the float weights; what
+    `layout.kept_as_stored` names stays as stored."""
+    return None if kept_as_stored(spec, info) else dtype
 
 
 def load_rank_weights(spec: ModelSpec | str | Path, ckpt_dir: str | Path, tp: int = 1, rank: int = 0,
                       dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                       progress: bool | None = None) -> dict[str, torch.Tensor]:
     """Graph param name (`layout.graph_params`) -> this rank's tensor (shape `layout.rank_shape`), as stored, or
-    converted to `dtype` (bf16 or fp32) where `_target_dtype` says so.
+    converted to `dtype` (bf16, fp16 or fp32) where `_target_dtype` says so.
 
     progress: a `rich` progress bar of the rank's bytes read (on stderr); None: when stderr is a terminal.
 
     Raises one BeamcError for a checkpoint that does not fit the spec, and one listing every tensor holding a NaN
     or Inf (with its first bad element) and every KV scale <= 0."""
     spec = spec if isinstance(spec, ModelSpec) else load_spec(spec)
-    if dtype not in (None, torch.float32, torch.bfloat16):
-        raise BeamcError("dtype", f"must be None, torch.float32 or torch.bfloat16, got {dtype}")
+    if dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+        raise BeamcError("dtype", f"must be None, torch.float32, torch.bfloat16 or torch.float16, got {dtype}")
     check_tp(spec, tp, rank)
     found = check_checkpoint(spec, ckpt_dir)
     out: dict[str, torch.Tensor] = {}

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from beamc.checkpoint.layout import (TensorInfo, expert_graph_params, file_tensors, kv_scale_params, layer_prefix,
-                                     rank_dims, rank_shape)
+from beamc.checkpoint.layout import (TensorInfo, expert_graph_params, file_tensors, kept_as_stored, kv_scale_params,
+                                     layer_prefix, rank_dims, rank_shape)
 from beamc.ir.dtypes import ir_dtype
 from beamc.ir.graph import Graph, Value
 from beamc.spec.schema import ModelSpec
@@ -24,7 +24,7 @@ class LowerOptions:
     phase: Literal["prefill", "decode"] = "prefill"
     tp: int = 1
     rank: int = 0
-    dtype: Literal["bf16", "f32"] | None = None  # None: the spec's dtypes; "f32": every float in fp32 (logic checks)
+    dtype: Literal["bf16", "f16", "f32"] | None = None  # "f32": every float in fp32 (logic checks); else the spec's
     logits: Literal["all", "last"] = "all"  # "last": only the rows named by the `logit_rows` input
     page_size: int = 16  # positions per page of the full layers' paged KV caches
 
@@ -52,8 +52,10 @@ class _Lowerer:
         if info.group == "experts" and self.spec.dtypes.experts == "nvfp4":
             # stored formats stay as stored, in every mode: packed codes, e4m3 block scales, fp32 global scales
             dtype = "e2m1x2" if storage == "uint8" else ir_dtype(storage)
-        else:  # float weights: their storage dtype (fp32 in logic-check mode)
+        elif kept_as_stored(self.spec, info):  # the fp32 router and KV scales
             dtype = "f32" if self.f32 else ir_dtype(storage)
+        else:  # float weights: converted at load to the activations dtype (fp32 in logic-check mode)
+            dtype = self.act
         v = self.g.param(name, shape, dtype, storage=storage, group=info.group)
         self._params[name] = v
         return v

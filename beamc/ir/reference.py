@@ -55,9 +55,22 @@ def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.
     return (scale * h).to(x.dtype)
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself, or a copy where its data does not start on a 64-byte boundary. A CPU GEMM's summation order can
+    follow its operands' alignment (vector loads), so a weight read as a view at an odd offset (a part of a packed
+    weight; a tensor mmapped from a safetensors file, whose offsets are 8-byte aligned) would give other bits than
+    the same values in their own allocation: the passes' graphs equal the unfused ones bit for bit only with this."""
+    return t if t.device.type != "cpu" or t.data_ptr() % 64 == 0 else t.clone()
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T (F.linear) on 64-byte aligned operands: the same bits wherever w lies."""
+    return F.linear(_aligned(x), _aligned(w))
+
+
 REFS["rmsnorm"] = lambda t, a: (rmsnorm_ref(t[0], t[1], a["eps"], a["w_offset"]),)
-REFS["linear"] = lambda t, a: (F.linear(t[0], t[1]),)
-REFS["linear_f32"] = lambda t, a: (F.linear(t[0].float(), t[1].float()),)
+REFS["linear"] = lambda t, a: (linear(t[0], t[1]),)
+REFS["linear_f32"] = lambda t, a: (linear(t[0].float(), t[1].float()),)
 
 
 # ---------------------------------------------------------------- attention pieces
@@ -340,8 +353,8 @@ def moe_experts_ref(x, idx, *params, fmt: str = "dense") -> torch.Tensor:
     for e in torch.unique(idx).tolist():
         w_gu, w_down = expert_weights(list(params), fmt, e, x.dtype)
         kpos, tok = torch.where((idx == e).T)
-        gate, up = F.linear(x[tok], w_gu).chunk(2, dim=-1)
-        out[tok, kpos] = F.linear(swiglu_ref(gate, up), w_down)
+        gate, up = linear(x[tok], w_gu).chunk(2, dim=-1)
+        out[tok, kpos] = linear(swiglu_ref(gate, up), w_down)
     return out
 
 
@@ -482,15 +495,15 @@ def linear_packed_ref(x, w, a):
     """One GEMM over a load-time packed weight; by reference, one product per part (same bits as unpacked)."""
     outs, lo = [], 0
     for n in a["splits"]:
-        outs.append(F.linear(x, w[lo:lo + n]))
+        outs.append(linear(x, w[lo:lo + n]))
         lo += n
     return tuple(outs)
 
 
 REFS["linear_packed"] = lambda t, a: linear_packed_ref(*t, a)
-REFS["moe_router"] = lambda t, a: moe_select_ref(F.linear(t[0].float(), t[1].float()), t[2], a)
-REFS["gate_up_swiglu"] = lambda t, a: (swiglu_ref(F.linear(t[0], t[1]), F.linear(t[0], t[2])),)
-REFS["linear_softcap"] = lambda t, a: (softcap_ref(F.linear(t[0], t[1]), a["cap"]),)
+REFS["moe_router"] = lambda t, a: moe_select_ref(linear(t[0].float(), t[1].float()), t[2], a)
+REFS["gate_up_swiglu"] = lambda t, a: (swiglu_ref(linear(t[0], t[1]), linear(t[0], t[2])),)
+REFS["linear_softcap"] = lambda t, a: (softcap_ref(linear(t[0], t[1]), a["cap"]),)
 
 _missing = [n for n, d in OPS.items() if not d.leaf and n not in REFS and n not in RANK_REFS]
 assert not _missing, f"ops without a reference: {_missing}"

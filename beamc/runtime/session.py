@@ -12,7 +12,8 @@ from typing import Literal
 
 import torch
 
-from beamc.ir.dtypes import torch_dtype
+from beamc.errors import BeamcError
+from beamc.ir.dtypes import ir_dtype, torch_dtype
 from beamc.ir.graph import Graph
 from beamc.runtime.interpret import Interpreter, with_packed_weights
 from beamc.runtime.kv_cache import SlotTable, alloc_states
@@ -27,7 +28,7 @@ def page_size(g: Graph) -> int:
 
 class ReferenceSession:
     def __init__(self, spec: ModelSpec, weights: list[dict[str, torch.Tensor]], *, tp: int = 1,
-                 dtype: Literal["bf16", "f32"] | None = "f32", max_seqs: int = 4, max_len: int = 1024,
+                 dtype: Literal["bf16", "f16", "f32"] | None = "f32", max_seqs: int = 4, max_len: int = 1024,
                  max_chunk: int = 256, device: str = "cpu", graphs: dict[str, list[Graph]] | None = None):
         from beamc.compiler import compile_graphs
 
@@ -47,9 +48,13 @@ class ReferenceSession:
 
     @classmethod
     def from_checkpoint(cls, spec: ModelSpec, ckpt: str | Path, *, tp: int = 1,
-                        dtype: Literal["bf16", "f32"] | None = "f32", device: str = "cpu", **kw) -> "ReferenceSession":
+                        dtype: Literal["bf16", "f16", "f32"] | None = "f32", device: str = "cpu",
+                        **kw) -> "ReferenceSession":
         from beamc.checkpoint.loader import load_rank_weights
 
+        if dtype not in (None, "f32", ir_dtype(spec.dtypes.activations)):
+            raise BeamcError("dtype", f"{dtype}: this spec computes in {spec.dtypes.activations} "
+                             "(dtypes.activations)", "pass None (the spec's dtypes) or 'f32' (a logic check)")
         tdtype = torch_dtype(dtype or spec.dtypes.activations)
         weights = [load_rank_weights(spec, ckpt, tp=tp, rank=r, dtype=tdtype, device=device) for r in range(tp)]
         return cls(spec, weights, tp=tp, dtype=dtype, device=device, **kw)

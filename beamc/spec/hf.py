@@ -24,9 +24,6 @@ from beamc.spec.schema import ModelSpec
 def spec_to_hf_config(spec: ModelSpec) -> dict[str, Any]:
     """The config.json transformers' `BeamConfig` reads for a checkpoint of this spec."""
     a, m = spec.attention, spec.mlp.moe
-    if spec.norm.eps != a.qk_norm.eps:
-        raise BeamcError("attention.qk_norm.eps", f"BeamConfig has one rms_norm_eps; the spec has {spec.norm.eps} "
-                         f"(norm.eps) and {a.qk_norm.eps} (attention.qk_norm.eps)", "make them equal")
     cfg: dict[str, Any] = {
         "architectures": ["BeamForCausalLM"],
         "model_type": "beam",
@@ -71,7 +68,7 @@ def spec_to_hf_config(spec: ModelSpec) -> dict[str, Any]:
 
 # Spec fields transformers' Beam hard-codes (no BeamConfig key): their values there, which are the schema's defaults.
 HF_HARD_CODED = ("attention.full.q_scale", "norm.weight_form", "attention.qk_norm.weight_form", "residual.attn_n",
-                 "residual.mlp_n")
+                 "residual.mlp_n", "mlp.moe.renorm_eps")
 
 
 def hf_unexpressed(spec: ModelSpec) -> list[str]:
@@ -87,6 +84,9 @@ def hf_unexpressed(spec: ModelSpec) -> list[str]:
         if have != want:
             show = (lambda v: v.model_dump() if hasattr(v, "model_dump") else v)  # noqa: E731
             out.append(f"{path} = {show(have)} (transformers' Beam hard-codes {show(want)})")
+    if spec.attention.qk_norm.eps != spec.norm.eps:  # BeamConfig's one rms_norm_eps (written from norm.eps)
+        out.append(f"attention.qk_norm.eps = {spec.attention.qk_norm.eps} (transformers' Beam uses rms_norm_eps, "
+                   f"norm.eps = {spec.norm.eps}, for the q / k norms too)")
     return out
 
 

@@ -153,6 +153,25 @@ def test_bf16_compiled_tracks_the_interpreter(tiny_spec, tiny_ckpt_nvfp4, pkg_bf
     assert r["greedy_agree"] >= MIN_GREEDY_AGREEMENT * r["greedy_decisive"], r
 
 
+def test_f16_model_with_mixed_storage_tracks_its_interpreter(tiny_spec, tmp_path_factory, summary):
+    """A float16 model whose checkpoint stores its weight groups in three dtypes (attention and norms fp32,
+    embeddings fp16, dense MLPs bf16): the package computes in float16 like the interpreter at the spec's dtypes
+    (the loader converts every float weight to the activations dtype), within the bf16 test's statistics."""
+    from beamc.checkpoint.init import init_weights
+    from conftest import spec_variant
+
+    spec = spec_variant(tiny_spec, {"dtypes.activations": "float16", "dtypes.embeddings": "float16",
+                                    "dtypes.lm_head": "float16", "dtypes.attention_weights": "float32",
+                                    "dtypes.norm_weights": "float32", "dtypes.dense_mlp_weights": "bfloat16"})
+    ckpt = init_weights(spec, tmp_path_factory.mktemp("ckpt_f16"), seed=4)
+    m, ref = _load(_package(spec, tmp_path_factory, None), ckpt), _ref(spec, ckpt, None)
+    seqs = [_ids(n, 20 + i) for i, n in enumerate((33, 5, 120, 64))]
+    r = _track(m, ref, seqs, 64)
+    summary["f16_mixed_storage"] = r
+    assert r["mean_abs_dlogprob"] < MAX_MEAN_DLOGPROB, r
+    assert r["greedy_agree"] >= MIN_GREEDY_AGREEMENT * r["greedy_decisive"], r
+
+
 class _SessionAsModel:
     """A ReferenceSession behind the runtime's prefill / decode calls (last-token logits), for `_track`."""
 
