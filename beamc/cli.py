@@ -37,7 +37,8 @@ def _cmd_import_hf(args: argparse.Namespace) -> None:
 
 
 def _cmd_init_weights(args: argparse.Namespace) -> None:
-    from beamc.checkpoint.init import init_weights
+    from beamc.checkpoint.init import init_weights, with_experts
+    from beamc.ir.dtypes import ir_dtype
     from beamc.spec import load_spec
     from beamc.spec.hf import hf_unexpressed
 
@@ -49,7 +50,10 @@ def _cmd_init_weights(args: argparse.Namespace) -> None:
         "config.json", "hf_quant_config.json", "model.safetensors.index.json"))]
     size = sum(f.stat().st_size for f in written)
     tensors = sum(f.suffix == ".safetensors" for f in written)
-    experts = "nvfp4" if (out / "hf_quant_config.json").is_file() else "bf16"
+    stored = with_experts(spec, args.experts).dtypes.experts  # what --experts made of the spec's
+    experts = "nvfp4" if stored == "nvfp4" else ir_dtype(stored)
+    if "sparse" not in spec.mlp_types:
+        experts = "none (no MoE layer)"
     print(f"wrote {out}: {len(written)} files ({tensors} safetensors), {_size(size)}, experts {experts}")
     unexpressed = hf_unexpressed(spec)
     if unexpressed:  # complete for beamc, which reads the spec; not for transformers, which reads config.json

@@ -146,9 +146,11 @@ def _describe(n) -> str:
 
 
 def pass_report(spec: ModelSpec, g: Graph, rep) -> str:
-    moe = next(L for L in range(spec.num_layers) if spec.mlp_types[L] == "sparse")
-    nodes = [n for n in g.compute_nodes() if n.layer == moe]
-    lines = [f"ops left in MoE layer {moe} ({layer_kind(spec, moe)}), batch-1 decode, rank {g.meta['rank']} of "
+    moe = next((L for L in range(spec.num_layers) if spec.mlp_types[L] == "sparse"), None)
+    layer = 0 if moe is None else moe  # a spec without MoE layers: its first layer
+    nodes = [n for n in g.compute_nodes() if n.layer == layer]
+    lines = [f"ops left in {'MoE ' if moe is not None else ''}layer {layer} ({layer_kind(spec, layer)}"
+             f"{'; the spec has no MoE layer' if moe is None else ''}), batch-1 decode, rank {g.meta['rank']} of "
              f"{g.meta['tp']}, in launch order: {len(nodes)} ops"]
     for i, n in enumerate(nodes, 1):
         lines.append(f"  {i:2d}. {n.op:<15} {_describe(n)}")
@@ -189,9 +191,9 @@ def _by_rule(counts) -> dict[str, int]:
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 
-def ablation_lines(results: Path = RESULTS) -> list[str]:
-    """One line per pass with its measured effect from the latest `bench/ablation.py` JSON (dry runs ignored);
-    no file, or one that does not read: no lines."""
+def ablation_lines(spec_name: str, results: Path = RESULTS) -> list[str]:
+    """One line per pass with its measured effect from the latest `bench/ablation.py` JSON of this spec (dry runs
+    ignored); no file, one of another spec, or one that does not read: no lines."""
     try:
         files = sorted(p for p in results.glob("ablation-*.json") if not p.stem.endswith("-dry"))
         if not files:
@@ -199,6 +201,8 @@ def ablation_lines(results: Path = RESULTS) -> list[str]:
         import json
 
         facts = json.loads(files[-1].read_text())
+        if facts.get("spec") != spec_name:  # measured on another model: its figures say nothing of this one
+            return []
         rows = [r for r in facts["rows"] if "decode" in r and "prefill" in r]
         lines = [f"measured effect of each pass ({files[-1].name}: TP-{facts['tp']} rank 0, {facts['env']['device']}, "
                  f"decode batch 1 @ {facts['context']}, prefill {facts['batch']} x {facts['chunk']}):"]
@@ -233,7 +237,7 @@ def compile_command(args: argparse.Namespace) -> None:
               else f"    {name:<20} no match")
     if args.report:
         print(pass_report(spec, graphs["decode"], reports["decode"]))
-        for line in ablation_lines():
+        for line in ablation_lines(spec.name):
             print(line)
     if getattr(args, "output", None):
         from beamc.codegen.package import compile_package

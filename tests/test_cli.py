@@ -48,6 +48,24 @@ def test_compile_tp8_report_lists_fewer_than_13_ops_per_moe_layer(capsys):
     assert "boundary 104" in out and "qk_norm_rope 43, qk_norm_ssmax 9, sigmoid_gate 52" in out
 
 
+def test_compile_report_of_a_spec_without_moe_layers_and_of_another_model(tmp_path, capsys):
+    """--report on a dense-only spec describes its first layer (no traceback), and the measured per-pass effects,
+    which are Beam's, are printed for Beam only."""
+    import yaml
+
+    assert main(["compile", str(ROOT / "models/beam.yaml"), "--tp", "8", "--report"]) == 0
+    assert ("measured effect of each pass" in capsys.readouterr().out) == any(
+        (ROOT / "bench/results").glob("ablation-*.json"))
+    data = yaml.safe_load((ROOT / "models/beam.yaml").read_text())
+    data["name"] = "dense-only"
+    data["layers"]["dense_first"] = data["num_layers"]
+    (tmp_path / "dense.yaml").write_text(yaml.safe_dump(data))
+    assert main(["compile", str(tmp_path / "dense.yaml"), "--tp", "8", "--report"]) == 0
+    out, err = capsys.readouterr()
+    assert "ops left in layer 0 (sliding+dense; the spec has no MoE layer)" in out and not err
+    assert "measured effect of each pass" not in out
+
+
 def test_compile_dumps_ir_before_and_after_each_pass(tmp_path, capsys):
     assert main(["compile", str(ROOT / "models/beam-tiny.yaml"), "--dump-ir", str(tmp_path),
                  "--disable", "fold_small"]) == 0
