@@ -62,19 +62,24 @@ def full_size(rng: random.Random) -> dict:
             "dtypes.activations": rng.choice(["bfloat16", "bfloat16", "float16"])}
 
 
+def _dtypes(rng: random.Random, c: dict, hf: bool) -> None:
+    """Draw the activations dtype and each weight group's storage dtype into c (hf: one dtype, as config.json has)."""
+    act = rng.choice(["bfloat16", "float16", "float32"])
+    c["dtypes.activations"] = act
+    for k in ("embeddings", "attention_weights", "dense_mlp_weights", "norm_weights", "lm_head"):
+        c[f"dtypes.{k}"] = act if hf else rng.choice(["bfloat16", "float16", "float32", act])
+    if c["logits.tie_word_embeddings"]:
+        c["dtypes.lm_head"] = c["dtypes.embeddings"]
+    if c["dtypes.experts"] != "nvfp4":
+        c["dtypes.experts"] = act if hf else rng.choice(["bfloat16", "float16", "float32"])
+
+
 def full_size_wide(rng: random.Random) -> dict:
     """full_size() plus the spec's other free fields (as wide() for small specs): fp32 activations, mixed storage
     dtypes, explicit layer lists, SSMax off, (1 + w) norms."""
     c = full_size(rng)
     n = c["num_layers"]
-    act = rng.choice(["bfloat16", "float16", "float32"])
-    c["dtypes.activations"] = act
-    for k in ("embeddings", "attention_weights", "dense_mlp_weights", "norm_weights", "lm_head"):
-        c[f"dtypes.{k}"] = rng.choice(["bfloat16", "float16", "float32", act])
-    if c["logits.tie_word_embeddings"]:
-        c["dtypes.lm_head"] = c["dtypes.embeddings"]
-    if c["dtypes.experts"] != "nvfp4":
-        c["dtypes.experts"] = rng.choice(["bfloat16", "float16", "float32"])
+    _dtypes(rng, c, hf=False)
     if rng.random() < 0.5:
         c["layers.attention"] = [rng.choice(["sliding_attention", "full_attention"]) for _ in range(n)]
     if rng.random() < 0.5:
@@ -133,6 +138,14 @@ def edge(rng: random.Random, hf: bool) -> dict:
 HF_FIXED = {"norm.weight_form": "w", "residual.attn_n.extra": 0, "residual.mlp_n.scale": 2}
 
 
+def for_hf(changes: dict) -> dict:
+    """A draw as transformers can run it: HF_FIXED, the q / k norms on norm.eps (config.json has one eps), and
+    unquantized experts (transformers cannot read packed NVFP4; test_parity checks them by their dequantised
+    values)."""
+    return {**changes, **HF_FIXED, "attention.qk_norm.eps": changes.get("norm.eps", 1e-6),
+            "dtypes.experts": changes.get("dtypes.activations", "bfloat16")}
+
+
 def wide(rng: random.Random, odd: bool, hf: bool) -> dict:
     """small() plus the spec's other free fields: explicit layer lists, mixed storage dtypes, eps and SSMax values;
     with hf, only what config.json carries (transformers hard-codes the rest)."""
@@ -149,14 +162,7 @@ def wide(rng: random.Random, odd: bool, hf: bool) -> dict:
     eps = rng.choice([1e-6, 1e-5, 1e-3])
     c["norm.eps"] = eps
     c["attention.qk_norm.eps"] = eps if hf or rng.random() < 0.5 else rng.choice([1e-6, 1e-5])
-    act = rng.choice(["bfloat16", "float16", "float32"])
-    c["dtypes.activations"] = act
-    for k in ("embeddings", "attention_weights", "dense_mlp_weights", "norm_weights", "lm_head"):
-        c[f"dtypes.{k}"] = act if hf else rng.choice(["bfloat16", "float16", "float32", act])
-    if c["logits.tie_word_embeddings"]:
-        c["dtypes.lm_head"] = c["dtypes.embeddings"]
-    if c["dtypes.experts"] != "nvfp4":
-        c["dtypes.experts"] = act if hf else rng.choice(["bfloat16", "float16", "float32"])
+    _dtypes(rng, c, hf)
     if not hf:
         c["mlp.moe.renorm_eps"] = rng.choice([1e-20, 1e-6])
         c["attention.full.q_scale"] = rng.choice([None, {"length": 64.0, "offset": 0.0, "exponent": 0.5},
@@ -331,11 +337,8 @@ def main(argv=None) -> int:
             changes = wide(rng, args.odd, args.mode == "hf") if args.wide else small(rng, args.odd)
         else:
             changes = small(rng, args.odd)
-        if args.mode == "hf":  # what config.json cannot carry: transformers' values
-            changes.update(HF_FIXED)
-            changes["attention.qk_norm.eps"] = changes.get("norm.eps", 1e-6)
-            # transformers cannot read packed NVFP4 experts (test_parity checks them by their dequantised values)
-            changes["dtypes.experts"] = changes.get("dtypes.activations", "bfloat16")
+        if args.mode == "hf":
+            changes = for_hf(changes)
         t0 = time.time()
         try:
             spec = spec_variant(base, changes)

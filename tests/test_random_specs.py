@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import spec_variant
-from spec_sweep import HF_FIXED, hf_parity, passes_bitwise, wide
+from spec_sweep import for_hf, hf_parity, passes_bitwise, wide
 
 
 def _spec(base, changes: dict):
@@ -24,10 +24,8 @@ def _spec(base, changes: dict):
 @pytest.mark.parametrize("seed", range(24))
 def test_a_random_spec_matches_transformers(tiny_spec_bf16, seed):
     rng = random.Random(10_000 + seed)
-    changes = {**wide(rng, odd=seed % 2 == 1, hf=True), **HF_FIXED}
-    spec = _spec(tiny_spec_bf16, {**changes, "attention.qk_norm.eps": changes["norm.eps"],
-                                  "dtypes.experts": changes["dtypes.activations"]})
-    assert hf_parity(spec, rng, seed) == "ok", changes
+    changes = for_hf(wide(rng, odd=seed % 2 == 1, hf=True))
+    assert hf_parity(_spec(tiny_spec_bf16, changes), rng, seed) == "ok", changes
 
 
 @pytest.mark.parametrize("seed", range(24))
