@@ -23,7 +23,7 @@ from beamc.compiler import compile_graphs
 from beamc.errors import BeamcError, check_output_file, check_readable, ensure_dir, read_error
 from beamc.ir.dtypes import ir_dtype
 from beamc.passes.manager import select_passes
-from beamc.runtime.session import ReferenceSession
+from beamc.runtime.session import ReferenceSession, check_dtype
 from beamc.spec import load_spec
 
 MAX_INPUT_BYTES = 64 << 20  # a batch file of token ids; anything larger is a wrong path
@@ -117,14 +117,6 @@ def check_backend(backend: str, *, tp: int, device: str, dtype: str) -> None:
                          "interpreter", "use --dtype f32, or --device cuda")
 
 
-def check_dtype(spec, dtype: str) -> None:
-    """--dtype is f32 (logic checks: every float in fp32) or the spec's own activations dtype."""
-    act = ir_dtype(spec.dtypes.activations)
-    if ir_dtype(dtype) not in ("f32", act):
-        raise BeamcError("--dtype", f"{dtype}: this spec computes in {spec.dtypes.activations} (dtypes.activations)",
-                         f"use --dtype {act}, or f32 for a logic check")
-
-
 def open_session(backend: str, spec, ckpt, *, dtype: str, tp: int, device: str, passes=(), graphs=None,
                  max_seqs: int, max_len: int, max_chunk: int):
     if backend == "interpreter":
@@ -198,7 +190,7 @@ def logits_command(args: argparse.Namespace) -> None:
     spec = load_spec(args.spec)
     check_tp(spec, args.tp)
     check_backend(getattr(args, "backend", "interpreter"), tp=args.tp, device=args.device, dtype=args.dtype)
-    check_dtype(spec, args.dtype)
+    check_dtype(spec, args.dtype, "--dtype")
     names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
     seqs, steps = read_batch(args.input, spec.vocab_size)
     limit = spec.max_position_embeddings
@@ -254,7 +246,7 @@ def generate_command(args: argparse.Namespace) -> None:
     check_device(args.device)
     check_backend(args.backend, tp=1, device=args.device, dtype=args.dtype)
     spec = load_spec(args.spec)
-    check_dtype(spec, args.dtype)
+    check_dtype(spec, args.dtype, "--dtype")
     names = select_passes(args.passes, [d for d in args.disable.split(",") if d])
     prompt = parse_ids(args.prompt_ids, spec.vocab_size)
     if args.max_new < 1:

@@ -26,6 +26,14 @@ def page_size(g: Graph) -> int:
     return shapes[0][1] if shapes else 1
 
 
+def check_dtype(spec: ModelSpec, dtype: str, where: str, fix: str | None = None) -> None:
+    """A session's activation dtype is f32 (logic checks: every float in fp32) or the spec's own."""
+    act = ir_dtype(spec.dtypes.activations)
+    if ir_dtype(dtype) not in ("f32", act):
+        raise BeamcError(where, f"{dtype}: this spec computes in {spec.dtypes.activations} (dtypes.activations)",
+                         fix or f"use {where} {act}, or f32 for a logic check")
+
+
 class ReferenceSession:
     def __init__(self, spec: ModelSpec, weights: list[dict[str, torch.Tensor]], *, tp: int = 1,
                  dtype: Literal["bf16", "f16", "f32"] | None = "f32", max_seqs: int = 4, max_len: int = 1024,
@@ -52,9 +60,8 @@ class ReferenceSession:
                         **kw) -> "ReferenceSession":
         from beamc.checkpoint.loader import load_rank_weights
 
-        if dtype not in (None, "f32", ir_dtype(spec.dtypes.activations)):
-            raise BeamcError("dtype", f"{dtype}: this spec computes in {spec.dtypes.activations} "
-                             "(dtypes.activations)", "pass None (the spec's dtypes) or 'f32' (a logic check)")
+        if dtype is not None:
+            check_dtype(spec, dtype, "dtype", "pass None (the spec's dtypes) or 'f32' (a logic check)")
         tdtype = torch_dtype(dtype or spec.dtypes.activations)
         weights = [load_rank_weights(spec, ckpt, tp=tp, rank=r, dtype=tdtype, device=device) for r in range(tp)]
         return cls(spec, weights, tp=tp, dtype=dtype, device=device, **kw)
