@@ -192,10 +192,11 @@ ROUTER_PREFILL_TILES = dict(BLOCK_M=2)
 
 # decode steps of at least this many tokens take the router's large (tensor-core) path, as prefill does; None: the
 # small-M path at every decode step. Why: each small-path program reads its block of W once per 8 tokens. Measured in
-# the decode step on an H100 (32K contexts, bench/results/decode-batch-2026-12-07-s50run1-cands.json against
-# -s50run2-default.json, among other candidates, the router's lines by op): batch 64 2,034 -> 1,208 us a step, batch
-# 128 3,377 -> 1,266; batch 8 (the small path in both) 535 / 557
-ROUTER_DECODE_LARGE_MIN_TOKENS: int | None = 16
+# the decode step on an H100 (32K contexts; the router's lines by op): batch 64 2,034 -> 1,208 us a step, batch 128
+# 3,377 -> 1,266 (bench/results/decode-batch-2026-12-07-s50run1-cands.json against -s50run2-default.json); batch 16
+# 1,167 (large) against 793 / 812 (small), the step 10.68 -> 9.72 / 10.00 ms; batch 32 even (15.22 large, 15.21
+# small, 15.05 with this bound: decode-batch-2026-12-08-s52run1.json, -s52run3-router64, -s52run4-router32)
+ROUTER_DECODE_LARGE_MIN_TOKENS: int | None = 32
 
 
 @emits("moe_router")
@@ -217,7 +218,8 @@ def _moe_router(node: Node, g: Graph, ctx: Context) -> list[Launch]:
     if n is None:
         return [router("small")]
     choice = {"large_from_tokens": n, "basis": "ROUTER_DECODE_LARGE_MIN_TOKENS: measured in the decode step (H100, "
-              "decode-batch-2026-12-07-s50run1-cands.json against -s50run2-default.json)"}
+              "decode-batch-2026-12-07-s50run1-cands.json, -s50run2-default.json, 2026-12-08-s52run1, -s52run3-router64, "
+              "-s52run4-router32)"}
     return by_token_count(router("small"), router("large"), n, choice)
 
 
