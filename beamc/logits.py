@@ -241,7 +241,7 @@ def generate_command(args: argparse.Namespace) -> None:
     tokens/s (of the decode steps after the prefill), or with --json one object for scripts."""
     import time
 
-    from beamc.runtime.sampling import generator, sample
+    from beamc.runtime.sampling import check_params, generator, sample
 
     check_device(args.device)
     check_backend(args.backend, tp=1, device=args.device, dtype=args.dtype)
@@ -251,10 +251,7 @@ def generate_command(args: argparse.Namespace) -> None:
     prompt = parse_ids(args.prompt_ids, spec.vocab_size)
     if args.max_new < 1:
         raise BeamcError("--max-new", f"must be >= 1, got {args.max_new}")
-    if args.temperature < 0:
-        raise BeamcError("--temperature", f"must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise BeamcError("--top-p", f"must be in (0, 1], got {args.top_p}")
+    check_params(args.temperature, args.top_p, ("--temperature", "--top-p"))
     total = len(prompt) + args.max_new
     if total > spec.max_position_embeddings:
         raise BeamcError("--max-new", f"{len(prompt)} prompt tokens + {args.max_new} new exceed the spec's "

@@ -399,6 +399,7 @@ def test_cli_generate(spec_yaml, tiny_ckpt):
     (["generate", "--prompt-ids", "1,512"], "--prompt-ids: token id 512 outside the vocabulary [0, 512)"),
     (["generate", "--prompt-ids", "1", "--max-new", "0"], "--max-new: must be >= 1, got 0"),
     (["generate", "--prompt-ids", "1", "--top-p", "0"], "--top-p: must be in (0, 1], got 0.0"),
+    (["generate", "--prompt-ids", "1", "--temperature", "nan"], "--temperature: must be a finite number >= 0, got nan"),
 ])
 def test_cli_refusals_come_before_any_kernel(argv, message, tmp_path, tiny_ckpt_nvfp4, capsys, monkeypatch):
     from beamc.cli import main
@@ -594,6 +595,12 @@ def test_sampling_greedy_temperature_top_p():
     assert (freq - logits[0].softmax(-1)).abs().max() < 0.03
     with pytest.raises(BeamcError, match="top_p"):
         sample(logits, 1.0, 0.0)
+    for bad in (float("nan"), float("inf"), -1.0, "1", None):  # one error, never torch's NaN-probability traceback
+        with pytest.raises(BeamcError, match="temperature: must be a finite number >= 0"):
+            sample(logits, bad)
+    # a tiny temperature is greedy, not inf - inf (the row's maximum is subtracted before the division)
+    wide = torch.tensor([[30.0, -30.0, 29.0, 0.0]])
+    assert [sample(wide, t, 0.9, generator(1)).item() for t in (1e-30, 1e-40, 1e-45)] == [0, 0, 0]
 
 
 

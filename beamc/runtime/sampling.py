@@ -6,9 +6,28 @@
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from beamc.errors import BeamcError
+
+
+def check_params(temperature: float, top_p: float, names: tuple[str, str] = ("temperature", "top_p")) -> None:
+    """One error for a temperature that is not a finite number >= 0 (nan and inf included) or a top_p outside
+    (0, 1]; `names`: how the caller spells them (the CLI's --temperature / --top-p)."""
+    t, p = _number(temperature), _number(top_p)
+    if t is None or not math.isfinite(t) or t < 0:
+        raise BeamcError(names[0], f"must be a finite number >= 0, got {temperature!r}", "0 for greedy decoding")
+    if p is None or not 0.0 < p <= 1.0:
+        raise BeamcError(names[1], f"must be in (0, 1], got {top_p!r}")
+
+
+def _number(v) -> float | None:
+    try:
+        return None if isinstance(v, (bool, str)) else float(v)
+    except (TypeError, ValueError, RuntimeError):  # (a tensor of several values: RuntimeError)
+        return None
 
 
 def generator(seed: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
@@ -38,15 +57,14 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of `logits` [B, V] (or [V]): greedy at temperature 0, else softmax(logits / temperature)
     restricted to the top-p nucleus, drawn with `generator` (seeded: the same seed gives the same tokens)."""
-    if temperature < 0:
-        raise BeamcError("temperature", f"must be >= 0, got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise BeamcError("top_p", f"must be in (0, 1], got {top_p}")
+    check_params(temperature, top_p)
     squeeze = logits.dim() == 1
     x = logits.float()[None] if squeeze else logits.float()
     if temperature == 0:
         out = greedy(x)
     else:
-        x = top_p_filter(x / temperature, top_p)
+        # the row's maximum subtracted first (softmax's own shift): a tiny temperature then sends the other logits
+        # toward -inf instead of overflowing the best ones to inf (inf - inf: a NaN probability)
+        x = top_p_filter((x - x.amax(dim=-1, keepdim=True)) / temperature, top_p)
         out = torch.multinomial(x.softmax(dim=-1), 1, generator=generator).squeeze(-1)
     return out[0] if squeeze else out
