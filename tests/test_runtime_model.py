@@ -467,11 +467,33 @@ def test_long_chunks_are_planned_as_tensors_with_the_same_checks(tiny_spec, bad)
         assert as_tensor.dtype == torch.int64 and as_tensor.tolist() == toks
     else:
         assert isinstance(slow, str) and fast == slow, (fast, slow)
-    bools = torch.tensor([True] * n)  # stays a list of bools, which the plan refuses
-    assert _token_chunk(bools, "t") == _token_list(bools, "t")
-    assert "token id True outside the vocabulary" in _plan_or_error(table, [(0, _token_chunk(bools, "t"))])
-    with pytest.raises(BeamcError, match="1-D integer tensor"):
-        _token_chunk(torch.ones(n), "t")
+    for convert in (_token_chunk, _token_list):  # True is not token 1: bool tensors are refused like float ones
+        with pytest.raises(BeamcError, match=r"t: expected a 1-D integer tensor, got \(\d+,\) torch.bool"):
+            convert(torch.tensor([True] * n), "t")
+        with pytest.raises(BeamcError, match="1-D integer tensor"):
+            convert(torch.ones(n), "t")
+
+
+@pytest.mark.parametrize("n", [3, 300])
+def test_numpy_token_ids_are_taken_as_integers(n):
+    """Serving stacks hold token ids in NumPy: 1-D integer arrays and lists of NumPy integers are token lists (the
+    same values as Python ints); float, bool and 2-D arrays are refused by name."""
+    import numpy as np
+
+    from beamc.runtime.model import _token_chunk, _token_list
+
+    want = [(7 * i) % 512 for i in range(n)]
+    for convert in (_token_chunk, _token_list):
+        for x in (np.array(want, dtype=np.int32), np.array(want, dtype=np.uint16), [np.int64(t) for t in want]):
+            got = convert(x, "t")
+            got = got.tolist() if isinstance(got, torch.Tensor) else got
+            assert got == want and all(type(t) is int for t in got), (convert, x)
+        for bad, what in ((np.ones(n), "float64"), (np.ones(n, dtype=bool), "bool"),
+                          (np.ones((1, n), dtype=np.int64), "int64")):
+            with pytest.raises(BeamcError, match=f"t: expected a 1-D integer array, got .* {what}"):
+                convert(bad, "t")
+    with pytest.raises(BeamcError, match=r"t: np.float32\(1.0\) is not an integer"):
+        _token_list([np.int64(3), np.float32(1)], "t")
 
 
 @pytest.fixture(scope="module")

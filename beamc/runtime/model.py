@@ -897,7 +897,7 @@ class Model:
     def _check_table(self, sid, bt) -> torch.Tensor:
         """A sequence's pages as an int32 tensor: at most pages-per-sequence of them, each in the pool, distinct."""
         if isinstance(bt, torch.Tensor):
-            if bt.dim() != 1 or bt.is_floating_point():
+            if bt.dim() != 1 or bt.is_floating_point() or bt.is_complex() or bt.dtype == torch.bool:
                 raise BeamcError(f"seq {sid!r}", f"block table must be a 1-D integer tensor, got {tuple(bt.shape)} "
                                  f"{bt.dtype}")
             pages = bt.to("cpu", torch.int32)
@@ -1067,12 +1067,16 @@ def _as_list(x, what: str) -> list:
 
 
 def _token_list(x, what: str) -> list[int]:
-    """A list of Python ints (token ids, positions, pages) from a list or a 1-D tensor."""
-    if isinstance(x, torch.Tensor):
-        if x.dim() != 1 or x.is_floating_point():
-            raise BeamcError(what, f"expected a 1-D integer tensor, got {tuple(x.shape)} {x.dtype}")
+    """A list of Python ints (token ids, positions, pages) from a list (of Python or NumPy integers), a 1-D integer
+    tensor or a 1-D integer NumPy array; a bool, float or complex one is refused (True is not token 1)."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        kind = x.dtype.kind if isinstance(x, np.ndarray) else (
+            "b" if x.dtype == torch.bool else "f" if x.is_floating_point() or x.is_complex() else "i")
+        if x.ndim != 1 or kind not in "iu":
+            raise BeamcError(what, f"expected a 1-D integer {'array' if isinstance(x, np.ndarray) else 'tensor'}, "
+                             f"got {tuple(x.shape)} {x.dtype}")
         return x.tolist()
-    x = _as_list(x, what)
+    x = [int(t) if isinstance(t, np.integer) else t for t in _as_list(x, what)]
     bad = [t for t in x if isinstance(t, bool) or not isinstance(t, int)]
     if bad:
         raise BeamcError(what, f"{bad[0]!r} is not an integer")
@@ -1083,12 +1087,15 @@ def _token_chunk(x, what: str) -> list[int] | torch.Tensor:
     """A prefill chunk's token ids: as `_token_list`, but a chunk of more than LONG_CHUNK integers stays (or becomes)
     an int64 CPU tensor, so that the step's plan and checks run as tensor ops. Anything else takes the list path,
     which names the bad value (the same errors either way)."""
+    if isinstance(x, np.ndarray) and x.ndim == 1 and x.size > LONG_CHUNK and (
+            x.dtype.kind == "i" or (x.dtype.kind == "u" and x.dtype.itemsize < 8)):
+        return torch.from_numpy(x.astype(np.int64))  # (uint64 takes the list path: no silent wrap past int64)
     if isinstance(x, torch.Tensor):
         if x.dim() == 1 and x.numel() > LONG_CHUNK and not (x.is_floating_point() or x.is_complex()
                                                           or x.dtype == torch.bool):
             return x.to("cpu", torch.int64)
         return _token_list(x, what)
-    if hasattr(x, "__len__") and not isinstance(x, (str, bytes)) and len(x) > LONG_CHUNK:
+    if hasattr(x, "__len__") and not isinstance(x, (str, bytes, np.ndarray)) and len(x) > LONG_CHUNK:
         x = list(x)
         if set(map(type, x)) <= {int}:  # exact ints (a bool is not one): C-speed checks from here on
             try:
