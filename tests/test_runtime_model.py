@@ -519,6 +519,27 @@ def test_load_refuses_a_package_that_is_not_the_one_asked_for(package, tiny_ckpt
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("kw, message", [
+    (dict(max_batch=1.5), "max_batch: must be an integer, got 1.5"),
+    (dict(max_batch=True), "max_batch: must be an integer, got True"),
+    (dict(max_context="24"), "max_context: must be an integer, got '24'"),
+    (dict(num_pages=2.0), "num_pages: must be an integer, got 2.0"),
+    (dict(prefill_buckets=[16, 32.0]), "prefill_buckets: 32.0 is not an integer"),
+    (dict(device="gpu"), "device: 'gpu' is not a device (use 'cuda', 'cuda:N' or 'cpu')"),
+    (dict(device="meta"), "device: 'meta': beamc runs on a CUDA GPU"),
+    (dict(kv_dtype="int8"), "kv_dtype: 'int8' is not a KV cache dtype of a beamc package (use 'bf16' or 'fp8')"),
+    (dict(dtype="f64"), "dtype: 'f64' is not an activation dtype of a beamc package"),
+])
+def test_load_refuses_bad_arguments_by_name(tmp_path, kw, message):
+    """Model.load's own arguments are checked before any file is read: one BeamcError naming the argument (a float
+    size was a TypeError from deep in the load, an unknown device torch's RuntimeError)."""
+    from beamc.runtime.model import Model
+
+    with pytest.raises(BeamcError) as e:
+        Model.load(tmp_path / "no-package", None, **{"device": "cpu", **kw})
+    assert message in str(e.value)
+
+
 def test_load_refuses_another_spec_a_stale_package_and_a_cpu_without_the_interpreter(package, tiny_spec,
                                                                                     tiny_ckpt_nvfp4, tmp_path,
                                                                                     monkeypatch):

@@ -380,6 +380,10 @@ class Model:
               decode_buckets, prefill_buckets) -> None:
         from beamc.codegen.package import compile_package, render_steps
 
+        _check_load_args(device=device, dtype=dtype, kv_dtype=kv_dtype, tp=tp, rank=rank, max_batch=max_batch,
+                         max_context=max_context, max_prefill_tokens=max_prefill_tokens,
+                         max_logit_rows=max_logit_rows, num_pages=num_pages, decode_buckets=decode_buckets,
+                         prefill_buckets=prefill_buckets)
         m = self.manifest = read_manifest(pkg)
         self.device = torch.device(device)
         # ---- the package must be the one asked for
@@ -1048,6 +1052,38 @@ def _last_rows(lengths: list[int]) -> list[int]:
         total += n
         out.append(total - 1)
     return out
+
+
+def _check_load_args(*, device, dtype, kv_dtype, decode_buckets, prefill_buckets, **sizes) -> None:
+    """Model.load's own arguments, before any file is read: sizes are integers (None where optional), the device
+    one torch can name on a CPU or a CUDA GPU, the dtypes ones a package can have. One BeamcError naming the
+    argument, never a TypeError from deep in the load."""
+    for name, v in sizes.items():
+        if v is None and name in ("max_logit_rows", "num_pages"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise BeamcError(name, f"must be an integer, got {v!r}")
+    for name, b in (("decode_buckets", decode_buckets), ("prefill_buckets", prefill_buckets)):
+        if b is not None:
+            _token_list(b, name)  # a list of integers (the sizes themselves are checked against the maxima later)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise BeamcError("device", f"{device!r} is not a device", "use 'cuda', 'cuda:N' or 'cpu'") from None
+    if dev.type not in ("cuda", "cpu"):
+        raise BeamcError("device", f"{device!r}: beamc runs on a CUDA GPU (or a CPU under Triton's interpreter)",
+                         "use 'cuda', 'cuda:N' or 'cpu'")
+    for name, v, allowed, fix in (("dtype", dtype, ("bf16", "f16", "f32"), "'bf16', 'f16' or 'f32'"),
+                                  ("kv_dtype", kv_dtype, ("bf16", "f8e4m3"), "'bf16' or 'fp8'")):
+        if v is None:
+            continue
+        try:
+            ok = isinstance(v, str) and ir_dtype(v) in allowed
+        except BeamcError:
+            ok = False
+        if not ok:
+            raise BeamcError(name, f"{v!r} is not a{' KV cache' if name == 'kv_dtype' else 'n activation'} dtype "
+                             "of a beamc package", f"use {fix}")
 
 
 def _hashable(x) -> bool:
