@@ -130,7 +130,7 @@ tests() {  # LABEL SECONDS PYTEST_ARGS...: one gpu_run.sh pytest run (pytest its
   step "$label" "$secs" env PYTEST_LOG="$label-pytest" PYTEST_TIMEOUT=$((secs - 15)) bash bench/gpu_run.sh "$@"
 }
 
-case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s48b, s48c, s48d, s48e, s48f, s49a, s49b, s49c, s49d, s49e, s49f, s49g, s49h, s49i, s50a, s50b, s50c, s50d, s50e, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
+case "${1:?name a call: attn, sliding, combo, moe-prefill, moe-half, moe-half-lean, load8s3, w4aq, forms, parts2, regs256, fence, tma2, atma-step, atma4, atma4-step, emitter35, qkvg, s36, s36b, s37, s37b, s37c, s37d, s38, s38c, s38d, s38e, s38f, s39, s39b, s39c, s39d, s39e, s39f, s39g, s39h, s40, s40b, s40c, s40d, s41a, s41b, s41c, s41d, s41e, s42a, s42b, s42c, s42d, s42e, s47a, s47b, s47c, s47d, s47e, s48a, s48b, s48c, s48d, s48e, s48f, s49a, s49b, s49c, s49d, s49e, s49f, s49g, s49h, s49i, s50a, s50b, s50c, s50d, s50e, s52a, s46a, s46b, s46c, s46d, s44a, s44b, s44c, s44d, s44e, s44f, s44g, s44h, s43a, s43b, s43c, s43d, s43e, ncu37, s37-lite, router36, wtma, wtma-step, slide-tiles, half-step, moe-ncu, persist, persist-step, runtime, decode-knobs}" in
   attn)
     tests t-attn 200 tests/gpu/test_kernels_attention_prefill_gpu.py -k "wgmma or ex2"
     step attn-sweep 170 python3 bench/attention_prefill.py --out "$OUT" --tiles '[{"MIRROR": true}, {"MIRROR": true, "WGMMA": true}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 2}, {"MIRROR": true, "WGMMA": true, "WG_STAGES": 3}, {"MIRROR": true, "WGMMA": true, "WG_SPLIT": true, "WG_STAGES": 6}, {"MIRROR": true, "EX2_FTZ": true}, {"MIRROR": true, "GATE": true}, {"MIRROR": true, "WGMMA": true, "GATE": true}]'
@@ -547,6 +547,10 @@ print(json.dumps([a, dict(a, WG_PINGPONG=True), a, dict(a, WG_PINGPONG=True)]))'
     step batch-new 230 python3 bench/decode_batch.py --out "$OUT/r" --batches 1,6,16,32,128 --context 32768
     step compare-new 20 python3 bench/compare_batch.py bench/results/decode-batch-2026-12-07-s50run2-default.json "$OUT/r/decode-batch-$(date +%F).json"
     step router-tokens 50 python3 bench/router_decode.py --out "$OUT/r" --tokens 4,8,16,32  # (the large path's bound)
+    ;;
+  s52a)  # (~6 minutes) the decode attention's GPU cases with WHOLE_WAVES the template's default (fiftieth session;
+    # the step ran it, its cases had not): every default case against the fp32 reference, graph replay, batch tiles
+    tests t-attn 330 tests/gpu/test_kernels_attention_decode_gpu.py -k "matches_fp32_reference or cuda_graph_replay or batch_tiles"
     ;;
   s50d)  # (~6 minutes; s50c cut to the device time left) the MoE decode kernel's GPU cases in its new range, the
     # runtime's GPU tests on the new defaults, then the step at batch 16 / 128 as time allows
