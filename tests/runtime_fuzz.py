@@ -1,6 +1,6 @@
 """Random call sequences against the compiled runtime (kept out of CI: minutes under Triton's interpreter).
 
-    TRITON_INTERPRET=1 python tests/runtime_fuzz.py --seeds 0-3 --ops 30 [--caller-pages] [--nvfp4] [--fp8]
+    TRITON_INTERPRET=1 python tests/runtime_fuzz.py --seeds 0-3 --ops 30 [--caller-pages] [--nvfp4] [--fp8] [--wide]
 
 One Model (the tiny spec's fp32 package) takes a random mix of calls: ragged prefills of new and continuing
 sequences, chunked prefills, rewinds (a start before the length, as far back as the sliding ring allows), batched
@@ -12,6 +12,7 @@ each must raise one BeamcError and change no cache (the next calls check the log
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -182,24 +183,31 @@ def main(argv=None) -> int:
     ap.add_argument("--caller-pages", action="store_true")
     ap.add_argument("--nvfp4", action="store_true", help="NVFP4 experts (slow: the decode MoE kernel interpreted)")
     ap.add_argument("--fp8", action="store_true", help="fp8 e4m3 KV caches (the reference stores the same)")
+    ap.add_argument("--wide", action="store_true", help="each seed on a random spec (tests/spec_sweep.py's wide())")
     args = ap.parse_args(argv)
     from beamc.checkpoint.init import init_weights, with_experts
     from beamc.spec import load_spec
 
-    spec = load_spec(ROOT / "models" / "beam-tiny.yaml")
-    if not args.nvfp4:
-        spec = with_experts(spec, "bf16")
-    if args.fp8:
-        from beamc.spec import parse_spec
+    from conftest import spec_variant
+    from spec_sweep import wide
 
-        data = spec.model_dump()
-        data["dtypes"]["kv_cache"] = "fp8"
-        spec = parse_spec(data, f"{spec.name} with fp8 KV")
-    ckpt = Path(tempfile.mkdtemp()) / "ckpt"
-    init_weights(spec, ckpt, seed=7)
+    base = load_spec(ROOT / "models" / "beam-tiny.yaml")
     a, _, b = args.seeds.partition("-")
-    bad = 0
+    bad, spec = 0, None
     for seed in range(int(a), int(b or a) + 1):
+        if spec is None or args.wide:
+            changes = wide(random.Random(seed), False, False) if args.wide else {}
+            if args.fp8:
+                changes["dtypes.kv_cache"] = "fp8"
+            try:
+                spec = spec_variant(base, changes)
+            except Exception as e:  # noqa: BLE001 (a refused draw: its message is the check)
+                print(f"seed {seed}: spec refused: {str(e)[:160]}", flush=True)
+                spec = None
+                continue
+            spec = spec if args.nvfp4 else with_experts(spec, "bf16")
+            ckpt = Path(tempfile.mkdtemp()) / "ckpt"
+            init_weights(spec, ckpt, seed=7)
         f = Fuzz(spec, ckpt, random.Random(seed), args.caller_pages)
         try:
             for _ in range(args.ops):
@@ -207,7 +215,8 @@ def main(argv=None) -> int:
             print(f"seed {seed}: ok, {f.calls} steps, {f.refused} refused, worst {f.worst:.1e}", flush=True)
         except Exception as e:  # noqa: BLE001 (the sweep reports and goes on)
             bad += 1
-            print(f"seed {seed}: FAILED after {f.calls} steps: {type(e).__name__}: {e}", flush=True)
+            print(f"seed {seed}: FAILED after {f.calls} steps: {type(e).__name__}: {e}"
+                  + (f" (spec: {json.dumps(changes)})" if args.wide else ""), flush=True)
     return 1 if bad else 0
 
 
