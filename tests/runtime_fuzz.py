@@ -6,7 +6,7 @@ One Model (the tiny spec's fp32 package) takes a random mix of calls: ragged pre
 sequences, chunked prefills, rewinds (a start before the length, as far back as the sliding ring allows), batched
 decodes, releases and slot reuse; with --caller-pages the caller owns a shuffled pool and grows each sequence's
 block table by random free pages. The oracle needs no state: after every call, each sequence's logits equal the
-last row of one fresh prefill of its whole history by the reference session (fp32, rel < 1e-5). Calls the runtime
+last row of one fresh prefill of its whole history by the reference session (fp32, rel < TOL = 5e-5: see there). Calls the runtime
 should refuse (a rewind past the ring, a context past max_context, a page another sequence holds) are drawn too:
 each must raise one BeamcError and change no cache (the next calls check the logits of every live sequence)."""
 from __future__ import annotations
@@ -22,6 +22,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+# Not CI's 1e-5: the oracle's one prefill is not the chunking the runtime ran, and the reference itself moves by that
+# much between chunkings on some random specs (seed 53 of --wide: 8.6e-6 between one prefill and two chunks of the
+# same 15 tokens, the compiled runtime after a rewind 1.1e-5); a wrong slot, page or position is off by 1e-2 or more
+TOL = 5e-5
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -77,7 +83,7 @@ class Fuzz:
         for i, sid in enumerate(sids):
             e = rel(got[i], self.want(sid))
             self.worst = max(self.worst, e)
-            assert e < 1e-5, (sid, e, len(self.hist[sid]))
+            assert e < TOL, (sid, e, len(self.hist[sid]))
 
     def refuse(self, what: str, fn) -> None:
         from beamc.errors import BeamcError
