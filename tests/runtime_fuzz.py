@@ -2,13 +2,14 @@
 
     TRITON_INTERPRET=1 python tests/runtime_fuzz.py --seeds 0-3 --ops 30 [--caller-pages] [--nvfp4] [--fp8] [--wide]
 
-One Model (the tiny spec's fp32 package) takes a random mix of calls: ragged prefills of new and continuing
-sequences, chunked prefills, rewinds (a start before the length, as far back as the sliding ring allows), batched
-decodes, releases and slot reuse; with --caller-pages the caller owns a shuffled pool and grows each sequence's
-block table by random free pages. The oracle needs no state: after every call, each sequence's logits equal the
-last row of one fresh prefill of its whole history by the reference session (fp32, rel < TOL = 5e-5: see there). Calls the runtime
-should refuse (a rewind past the ring, a context past max_context, a page another sequence holds) are drawn too:
-each must raise one BeamcError and change no cache (the next calls check the logits of every live sequence)."""
+One Model (the tiny spec's fp32 package; --wide: a random spec's) takes a random mix of calls: ragged prefills of
+new and continuing sequences, chunked prefills, rewinds (a start before the length, as far back as the sliding ring
+allows), batched decodes, releases and slot reuse; with --caller-pages the caller owns a shuffled pool and grows
+each sequence's block table by random free pages. The oracle needs no state: after every call, each sequence's
+logits equal the last row of one fresh prefill of its whole history by the reference session (fp32, rel < TOL, see
+there). Calls the runtime should refuse (a rewind past the ring, a context past max_context, a page another
+sequence holds, a token outside the vocabulary) are drawn too: each must raise one BeamcError and change no cache
+(the next calls check the logits of every live sequence)."""
 from __future__ import annotations
 
 import argparse
