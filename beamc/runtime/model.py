@@ -901,7 +901,7 @@ class Model:
     def _check_table(self, sid, bt) -> torch.Tensor:
         """A sequence's pages as an int32 tensor: at most pages-per-sequence of them, each in the pool, distinct."""
         if isinstance(bt, torch.Tensor):
-            if bt.dim() != 1 or bt.is_floating_point() or bt.is_complex() or bt.dtype == torch.bool:
+            if bt.dim() != 1 or not _integer_dtype(bt):
                 raise BeamcError(f"seq {sid!r}", f"block table must be a 1-D integer tensor, got {tuple(bt.shape)} "
                                  f"{bt.dtype}")
             pages = bt.to("cpu", torch.int32)
@@ -1102,13 +1102,18 @@ def _as_list(x, what: str) -> list:
     return list(x)
 
 
+def _integer_dtype(x: torch.Tensor | np.ndarray) -> bool:
+    """An integer tensor or array (signed or unsigned); bool, float and complex ones are not."""
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "iu"
+    return not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+
+
 def _token_list(x, what: str) -> list[int]:
     """A list of Python ints (token ids, positions, pages) from a list (of Python or NumPy integers), a 1-D integer
     tensor or a 1-D integer NumPy array; a bool, float or complex one is refused (True is not token 1)."""
     if isinstance(x, (torch.Tensor, np.ndarray)):
-        kind = x.dtype.kind if isinstance(x, np.ndarray) else (
-            "b" if x.dtype == torch.bool else "f" if x.is_floating_point() or x.is_complex() else "i")
-        if x.ndim != 1 or kind not in "iu":
+        if x.ndim != 1 or not _integer_dtype(x):
             raise BeamcError(what, f"expected a 1-D integer {'array' if isinstance(x, np.ndarray) else 'tensor'}, "
                              f"got {tuple(x.shape)} {x.dtype}")
         return x.tolist()
@@ -1127,8 +1132,7 @@ def _token_chunk(x, what: str) -> list[int] | torch.Tensor:
             x.dtype.kind == "i" or (x.dtype.kind == "u" and x.dtype.itemsize < 8)):
         return torch.from_numpy(x.astype(np.int64))  # (uint64 takes the list path: no silent wrap past int64)
     if isinstance(x, torch.Tensor):
-        if x.dim() == 1 and x.numel() > LONG_CHUNK and not (x.is_floating_point() or x.is_complex()
-                                                          or x.dtype == torch.bool):
+        if x.dim() == 1 and x.numel() > LONG_CHUNK and _integer_dtype(x):
             return x.to("cpu", torch.int64)
         return _token_list(x, what)
     if hasattr(x, "__len__") and not isinstance(x, (str, bytes, np.ndarray)) and len(x) > LONG_CHUNK:
