@@ -55,7 +55,7 @@ class Fuzz:
         self.hist: dict[str, list[int]] = {}
         self.tables: dict[str, list[int]] = {}
         self.n_new, self.worst, self.calls, self.refused = 0, 0.0, 0, 0
-        self.page_size = getattr(self.m, "page_size", 16)
+        self.page_size = self.m.page_size
 
     def tok(self) -> int:
         return self.rng.randrange(self.spec.vocab_size)

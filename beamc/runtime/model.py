@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Sequence, get_args
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from beamc.ir.graph import Graph
 from beamc.ir.ops import OPS
 from beamc.runtime import library
 from beamc.runtime.kv_cache import SlotTable, alloc_states
+from beamc.spec.schema import DtypeSpec
 
 ALIGN = 256  # bytes: every buffer starts on this boundary of the arena
 SMALL_CHECK_TOKENS = 512  # steps of at most this many tokens check their cache writes on int lists (cheaper than torch)
@@ -1073,12 +1074,14 @@ def _check_load_args(*, device, dtype, kv_dtype, decode_buckets, prefill_buckets
     if dev.type not in ("cuda", "cpu"):
         raise BeamcError("device", f"{device!r}: beamc runs on a CUDA GPU (or a CPU under Triton's interpreter)",
                          "use 'cuda', 'cuda:N' or 'cpu'")
-    for name, v, allowed, fix in (("dtype", dtype, ("bf16", "f16", "f32"), "'bf16', 'f16' or 'f32'"),
-                                  ("kv_dtype", kv_dtype, ("bf16", "f8e4m3"), "'bf16' or 'fp8'")):
+    # what a spec may say (the schema's own choices): a package has no other dtypes
+    for name, v, field, fix in (("dtype", dtype, "activations", "'bf16', 'f16' or 'f32'"),
+                                ("kv_dtype", kv_dtype, "kv_cache", "'bf16' or 'fp8'")):
+        choices = get_args(DtypeSpec.model_fields[field].annotation)
         if v is None:
             continue
         try:
-            ok = isinstance(v, str) and ir_dtype(v) in allowed
+            ok = isinstance(v, str) and ir_dtype(v) in {ir_dtype(c) for c in choices}
         except BeamcError:
             ok = False
         if not ok:
